@@ -1,0 +1,72 @@
+"""labkv: an interactive, MXNet-compatible KVStore lab.
+
+>>> import labkv
+>>> kv = labkv.create("local")
+>>> kv.init(3, labkv.ones((2, 3)) * 2)
+>>> kv.push(3, [labkv.ones((2, 3), device=d) for d in labkv.devices(4)])
+>>> kv.pull(3)
+array([[4., 4., 4.],
+       [4., 4., 4.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import lr_scheduler, optimizers
+from ._args import LengthMismatchError
+from ._arrays import array, full, ones, zeros
+from .devices import Device, cpu, device_of, devices, gpu, num_gpus, to_device
+from .events import Event, EventBus
+from .store import KVStore
+
+__version__ = "0.1.0"
+
+LOCAL_TYPES = ("local", "device")
+DIST_TYPES = ("dist_sync", "dist_async", "dist_device_sync", "dist_async_device")
+
+
+def create(name: str = "local", **kwargs: Any) -> KVStore:
+    """Make a KVStore: ``'local'`` (values summed on the CPU) or ``'device'``
+    (summed on a GPU when the values are CuPy arrays). Names are case-insensitive.
+
+    >>> create("Local").type
+    'local'
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"the store type must be a str, got {type(name).__name__}")
+    kind = name.lower()
+    if kind in LOCAL_TYPES:
+        if kwargs:
+            raise TypeError(f"unexpected arguments for a {kind!r} store: {sorted(kwargs)}")
+        from .local import LocalStore
+
+        return LocalStore(kind)
+    if kind in DIST_TYPES:
+        from .cluster import create_store
+
+        return create_store(kind, **kwargs)
+    valid = ", ".join(repr(t) for t in LOCAL_TYPES + DIST_TYPES)
+    raise ValueError(f"unknown KVStore type {name!r}; valid types: {valid}")
+
+
+__all__ = [
+    "Device",
+    "Event",
+    "EventBus",
+    "KVStore",
+    "LengthMismatchError",
+    "array",
+    "cpu",
+    "create",
+    "device_of",
+    "devices",
+    "full",
+    "gpu",
+    "lr_scheduler",
+    "num_gpus",
+    "ones",
+    "optimizers",
+    "to_device",
+    "zeros",
+]

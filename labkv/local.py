@@ -1,0 +1,107 @@
+"""The ``local`` and ``device`` stores: every key in one process, in one :class:`Shard`.
+
+- ``local`` keeps values on the CPU and sums pushed values there (CuPy values
+  are copied to the host first).
+- ``device`` keeps a key pushed from GPUs on a home GPU, chosen to balance
+  bytes across the GPUs that push it, and sums there; numpy values are summed
+  on the CPU as with ``local``.
+
+>>> import labkv, numpy as np
+>>> kv = labkv.create("device")
+>>> kv.init("w", np.zeros(2))
+>>> kv.push("w", [labkv.ones(2, device=d) for d in labkv.devices(2)])
+>>> kv.pull("w")
+array([2., 2.])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .devices import Device, array_module, copy_into, cpu, device_of, is_cupy, to_device
+from .optimizers import Optimizer
+from .reduce import HomeDevices
+from .shard import Shard
+from .store import Items, Key, KVStore
+
+
+class LocalStore(KVStore):
+    """A store in this process (see module doc); make it with ``labkv.create``."""
+
+    def __init__(self, kvtype: str = "local"):
+        super().__init__(kvtype)
+        self._shard = Shard(self.events)
+        self._homes = HomeDevices()
+
+    def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
+        placed = []
+        for key, value in items:
+            keep_on_gpu = self._type == "device" and is_cupy(value)
+            placed.append((key, to_device(value, device_of(value) if keep_on_gpu else cpu(0))))
+        for key, value in placed:
+            self._shard.init(key, value)
+
+    def _home_gpus(self, items: Items) -> None:
+        """On a ``device`` store, move each key pushed from GPUs to its home GPU."""
+        for key, values in items:
+            gpus = [device_of(v) for v in values if is_cupy(v)]
+            if not gpus or key in self._homes.home:
+                continue
+            stored = self._shard.read(key)
+            home = self._homes.assign(key, int(stored.nbytes), gpus)
+            if device_of(stored) != home:
+                self._shard.relocate(key, to_device(stored, home))
+
+    def _push_impl(self, items: Items) -> None:
+        if self._type == "device":
+            self._home_gpus(items)
+        self._shard.apply(items)
+
+    def _pull_impl(self, items: Items) -> None:
+        read = self._shard.read
+        for key, outs in items:
+            stored = read(key)
+            for out in outs:
+                copy_into(out, stored)
+
+    def _new_out(self, key: Key) -> Any:
+        stored = self._shard.read(key)
+        return array_module(stored).empty_like(stored)
+
+    def _set_updater_impl(self, updater: Callable) -> None:
+        self._shard.set_updater(updater)
+
+    def _set_optimizer_impl(self, optimizer: Optimizer) -> None:
+        self._shard.set_optimizer(optimizer)
+
+    def _optimizer_states(self) -> tuple[dict, dict]:
+        optimizer = self._shard.optimizer
+        counts = dict(optimizer.index_update_count)
+        counts["__num_update__"] = optimizer.num_update
+        return counts, dict(self._shard.states)
+
+    def _load_optimizer_states(self, counts: dict, states: dict) -> None:
+        optimizer = self._shard.optimizer
+        optimizer.num_update = counts.pop("__num_update__")
+        optimizer.index_update_count = dict(counts)
+        placed = {}
+        for key, state in states.items():
+            stored = self._shard.read(key)
+            placed[key] = tuple(_like(stored, array) for array in state)
+        self._shard.states = placed
+
+    def _barrier_impl(self) -> None:
+        return None
+
+    def home_device(self, key: Key) -> Device:
+        """The device that holds ``key``'s value (its home GPU on a ``device`` store)."""
+        self._check_known([key])
+        return device_of(self._shard.read(key))
+
+
+def _like(stored: Any, array: Any) -> Any:
+    """``array`` as a new array with ``stored``'s dtype, on ``stored``'s device."""
+    result = array_module(stored).empty_like(stored)
+    copy_into(result, array)
+    return result

@@ -1,0 +1,397 @@
+"""Optimizers that run on the store, with MXNet 1.9.1's update formulas.
+
+Each optimizer keeps per-key update counts (``num_update`` feeds the
+learning-rate scheduler; Adam's bias correction uses the key's own count),
+makes a tuple of state arrays per key (``create_state``) and updates a
+weight in place (``update``). The code is written once for numpy and CuPy:
+arrays bring their own module. Hyper-parameters are cast to the weight's
+dtype before use, as MXNet's kernels do, so float32 results match MXNet's.
+
+>>> import numpy as np
+>>> opt = SGD(learning_rate=0.1, momentum=0.9)
+>>> w = np.ones(2, dtype=np.float32); g = np.ones(2, dtype=np.float32)
+>>> state = opt.create_state(0, w)
+>>> opt.update(0, w, g, state); w
+array([0.9, 0.9], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import lr_scheduler as _lr
+from .devices import array_module
+
+__all__ = [
+    "Optimizer",
+    "SGD",
+    "NAG",
+    "Adam",
+    "AdaGrad",
+    "RMSProp",
+    "AdaDelta",
+    "Signum",
+    "SignSGD",
+    "create",
+    "register",
+]
+
+_REGISTRY: dict[str, type[Optimizer]] = {}
+
+
+def register(cls: type[Optimizer]) -> type[Optimizer]:
+    """Class decorator: make ``create(cls.__name__.lower())`` build ``cls``."""
+    _REGISTRY[cls.__name__.lower()] = cls
+    return cls
+
+
+class Optimizer:
+    """Base class: learning rate (or scheduler), weight decay, gradient
+    rescaling and clipping, and per-key update counts."""
+
+    default_lr = 0.01
+
+    def __init__(
+        self,
+        learning_rate: float | None = None,
+        wd: float = 0.0,
+        rescale_grad: float = 1.0,
+        clip_gradient: float | None = None,
+        lr_scheduler: _lr.LRScheduler | None = None,
+        begin_num_update: int = 0,
+    ):
+        self.lr = self.default_lr if learning_rate is None else float(learning_rate)
+        self.wd = float(wd)
+        self.rescale_grad = float(rescale_grad)
+        if clip_gradient is not None and clip_gradient < 0:
+            clip_gradient = None  # MXNet: a negative bound means no clipping
+        self.clip_gradient = clip_gradient
+        self.lr_scheduler = lr_scheduler
+        if lr_scheduler is not None:
+            lr_scheduler.base_lr = self.lr  # as MXNet: the optimizer's rate wins
+        self.begin_num_update = begin_num_update
+        self.num_update = begin_num_update
+        self.index_update_count: dict[Any, int] = {}
+        self._params: dict[str, Any] = {
+            "learning_rate": learning_rate,
+            "wd": wd,
+            "rescale_grad": rescale_grad,
+            "clip_gradient": clip_gradient,
+            "begin_num_update": begin_num_update,
+        }
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__.lower()
+
+    @property
+    def learning_rate(self) -> float:
+        """The rate the next update would use (before per-step adjustments)."""
+        return self.lr_scheduler(self.num_update) if self.lr_scheduler else self.lr
+
+    def _update_count(self, index: Any) -> int:
+        count = self.index_update_count.get(index, self.begin_num_update) + 1
+        self.index_update_count[index] = count
+        self.num_update = max(count, self.num_update)
+        return count
+
+    def _get_lr(self, index: Any) -> float:
+        return self.lr_scheduler(self.num_update) if self.lr_scheduler else self.lr
+
+    def create_state(self, index: Any, weight: Any) -> tuple:
+        """The state arrays for one key (an empty tuple when none are needed)."""
+        return ()
+
+    def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
+        """One step for key ``index``: change ``weight`` (and ``state``) in place.
+        ``grad`` may be used as scratch space."""
+        raise NotImplementedError
+
+    def _rescaled(self, grad: Any, weight: Any, add_wd: bool, clip_after_wd: bool) -> Any:
+        """MXNet's gradient preprocessing: ``rescale_grad * grad``, clipped,
+        with ``wd * weight`` added before or after the clip (per optimizer)."""
+        xp, dt = array_module(weight), weight.dtype.type
+        g = dt(self.rescale_grad) * grad
+        if add_wd and clip_after_wd:
+            g = g + dt(self.wd) * weight
+        if self.clip_gradient is not None:
+            c = dt(self.clip_gradient)
+            g = xp.clip(g, -c, c)
+        if add_wd and not clip_after_wd:
+            g = g + dt(self.wd) * weight
+        return g
+
+    def to_config(self) -> dict[str, Any]:
+        """Name, hyper-parameters and scheduler as JSON-able data (no code)."""
+        return {
+            "name": self.name,
+            "params": dict(self._params),
+            "lr_scheduler": self.lr_scheduler.to_config() if self.lr_scheduler else None,
+        }
+
+    @staticmethod
+    def from_config(config: dict[str, Any]) -> Optimizer:
+        """Rebuild an optimizer from :meth:`to_config` output."""
+        params = dict(config.get("params") or {})
+        sched = config.get("lr_scheduler")
+        if sched:
+            params["lr_scheduler"] = _lr.create(sched["name"], sched.get("params"))
+        return create(config["name"], **params)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self._params.items() if v is not None)
+        return f"{type(self).__name__}({shown})"
+
+
+def _zeros(weight: Any) -> Any:
+    return array_module(weight).zeros_like(weight)
+
+
+def _sgd_step(opt: Optimizer, weight: Any, grad: Any, lr: Any) -> Any:
+    """``lr`` times the rescaled, clipped gradient, in MXNet's float32 order:
+    ``lr*clip(rg*g)`` with clipping, ``(lr*rg)*g`` without."""
+    dt = weight.dtype.type
+    if opt.clip_gradient is None:
+        return lr * dt(opt.rescale_grad) * grad
+    return lr * opt._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+
+
+@register
+class SGD(Optimizer):
+    """SGD with optional momentum: ``mom = momentum*mom - lr*wd*w - lr*g``;
+    ``w += mom`` (without momentum the same with ``mom = 0``), ``g`` the
+    rescaled and clipped gradient. The momentum state holds MXNet's sign
+    convention (it is the negative of the usual velocity)."""
+
+    def __init__(self, momentum: float = 0.0, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.momentum = float(momentum)
+        self._params["momentum"] = momentum
+
+    def create_state(self, index: Any, weight: Any) -> tuple:
+        return (_zeros(weight),) if self.momentum != 0.0 else ()
+
+    def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
+        self._update_count(index)
+        dt = weight.dtype.type
+        lr, wd = dt(self._get_lr(index)), dt(self.wd)
+        step = _sgd_step(self, weight, grad, lr)
+        if state:
+            (mom,) = state
+            mom[...] = dt(self.momentum) * mom - lr * wd * weight - step
+            weight += mom
+        else:
+            weight += -(lr * wd) * weight - step
+
+
+@register
+class NAG(Optimizer):
+    """Nesterov momentum, as MXNet 1.9.1 computes it: with ``g`` the rescaled,
+    clipped gradient, ``m = momentum*m``;
+    ``w' = w - m + (momentum+1)*(m - lr*(g + wd*w))``; ``m -= lr*(g + wd*w')``
+    (MXNet's kernel reads the already updated weight for the state)."""
+
+    def __init__(self, momentum: float = 0.0, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.momentum = float(momentum)
+        self._params["momentum"] = momentum
+
+    def create_state(self, index: Any, weight: Any) -> tuple:
+        return (_zeros(weight),) if self.momentum != 0.0 else ()
+
+    def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
+        self._update_count(index)
+        dt = weight.dtype.type
+        lr, wd = dt(self._get_lr(index)), dt(self.wd)
+        if not state:
+            weight[...] = (dt(1.0) - lr * wd) * weight - _sgd_step(self, weight, grad, lr)
+            return
+        (mom,) = state
+        g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+        m = dt(self.momentum)
+        mom *= m
+        weight[...] = weight - mom + (m + dt(1.0)) * (mom - lr * (g + wd * weight))
+        mom -= lr * (g + wd * weight)
+
+
+@register
+class Adam(Optimizer):
+    """Adam; the bias correction scales the rate by ``sqrt(1-beta2^t)/(1-beta1^t)``
+    with ``t`` the key's update count."""
+
+    default_lr = 0.001
+
+    def __init__(
+        self, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8, **kwargs: Any
+    ):
+        super().__init__(**kwargs)
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+        self._params.update(beta1=beta1, beta2=beta2, epsilon=epsilon)
+
+    def create_state(self, index: Any, weight: Any) -> tuple:
+        return (_zeros(weight), _zeros(weight))
+
+    def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
+        t = self._update_count(index)
+        xp, dt = array_module(weight), weight.dtype.type
+        lr = self._get_lr(index)
+        lr *= math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
+        g = self._rescaled(grad, weight, add_wd=True, clip_after_wd=True)
+        mean, var = state
+        b1, b2 = dt(self.beta1), dt(self.beta2)
+        mean[...] = b1 * mean + (dt(1.0) - b1) * g
+        var[...] = b2 * var + (dt(1.0) - b2) * g * g
+        weight[...] = weight - dt(lr) * mean / (xp.sqrt(var) + dt(self.epsilon))
+
+
+@register
+class AdaGrad(Optimizer):
+    """AdaGrad: ``h += g*g``; ``w += -lr * (g/sqrt(h + eps) + wd*w)``."""
+
+    def __init__(self, eps: float = 1e-7, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.float_stable_eps = float(eps)
+        self._params["eps"] = eps
+
+    def create_state(self, index: Any, weight: Any) -> tuple:
+        return (_zeros(weight),)
+
+    def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
+        self._update_count(index)
+        xp, dt = array_module(weight), weight.dtype.type
+        lr, wd = dt(self._get_lr(index)), dt(self.wd)
+        g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+        (history,) = state
+        history += g * g
+        div = g / xp.sqrt(history + dt(self.float_stable_eps))
+        weight += (div + weight * wd) * -lr
+
+
+@register
+class RMSProp(Optimizer):
+    """RMSProp (Tieleman & Hinton), or with ``centered=True`` Graves' variant."""
+
+    default_lr = 0.001
+
+    def __init__(
+        self,
+        gamma1: float = 0.9,
+        gamma2: float = 0.9,
+        epsilon: float = 1e-8,
+        centered: bool = False,
+        clip_weights: float | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.gamma1, self.gamma2, self.epsilon = float(gamma1), float(gamma2), float(epsilon)
+        self.centered = bool(centered)
+        self.clip_weights = clip_weights if clip_weights is None or clip_weights >= 0 else None
+        self._params.update(
+            gamma1=gamma1,
+            gamma2=gamma2,
+            epsilon=epsilon,
+            centered=centered,
+            clip_weights=clip_weights,
+        )
+
+    def create_state(self, index: Any, weight: Any) -> tuple:
+        if self.centered:
+            return (_zeros(weight), _zeros(weight), _zeros(weight))
+        return (_zeros(weight),)
+
+    def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
+        self._update_count(index)
+        xp, dt = array_module(weight), weight.dtype.type
+        lr, g1, eps = dt(self._get_lr(index)), dt(self.gamma1), dt(self.epsilon)
+        g = self._rescaled(grad, weight, add_wd=True, clip_after_wd=True)
+        n = state[0]
+        n[...] = (dt(1.0) - g1) * g * g + g1 * n
+        if self.centered:
+            _, mean, delta = state
+            mean[...] = (dt(1.0) - g1) * g + g1 * mean
+            delta[...] = dt(self.gamma2) * delta - lr * g / xp.sqrt(n - mean * mean + eps)
+            weight += delta
+        else:
+            weight[...] = weight - lr * (g / xp.sqrt(n + eps))
+        if self.clip_weights is not None:
+            c = dt(self.clip_weights)
+            xp.clip(weight, -c, c, out=weight)
+
+
+@register
+class AdaDelta(Optimizer):
+    """AdaDelta (no learning rate): running averages of squared gradients
+    and squared steps with decay ``rho``."""
+
+    def __init__(self, rho: float = 0.90, epsilon: float = 1e-5, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.rho, self.epsilon = float(rho), float(epsilon)
+        self._params.update(rho=rho, epsilon=epsilon)
+
+    def create_state(self, index: Any, weight: Any) -> tuple:
+        return (_zeros(weight), _zeros(weight))
+
+    def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
+        xp, dt = array_module(weight), weight.dtype.type
+        wd = dt(self.wd)
+        self._update_count(index)
+        g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+        acc_g, acc_delta = state
+        rho, one_minus_rho, eps = dt(self.rho), dt(1.0 - self.rho), dt(self.epsilon)
+        acc_g *= rho
+        acc_g += one_minus_rho * g * g
+        delta = xp.sqrt(acc_delta + eps) / xp.sqrt(acc_g + eps) * g
+        acc_delta *= rho
+        acc_delta += one_minus_rho * delta * delta
+        weight -= delta + wd * weight
+
+
+@register
+class Signum(Optimizer):
+    """Signum: ``mom = momentum*mom - (1-momentum)*(wd*w + g)``;
+    ``w = (1 - lr*wd_lh)*w + lr*sign(mom)``. With ``momentum=0`` it is signSGD."""
+
+    def __init__(self, momentum: float = 0.9, wd_lh: float = 0.0, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.momentum, self.wd_lh = float(momentum), float(wd_lh)
+        self._params.update(momentum=momentum, wd_lh=wd_lh)
+
+    def create_state(self, index: Any, weight: Any) -> tuple:
+        return (_zeros(weight),) if self.momentum != 0.0 else ()
+
+    def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
+        self._update_count(index)
+        xp, dt = array_module(weight), weight.dtype.type
+        lr, wd = dt(self._get_lr(index)), dt(self.wd)
+        g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+        if state:
+            (mom,) = state
+            m = dt(self.momentum)
+            mom[...] = m * mom - (dt(1.0) - m) * wd * weight - (dt(1.0) - m) * g
+            weight[...] = (dt(1.0) - lr * dt(self.wd_lh)) * weight + lr * xp.sign(mom)
+        else:  # MXNet's signsgd_update takes the sign of the raw gradient
+            weight[...] = (dt(1.0) - lr * wd) * weight - lr * xp.sign(grad)
+
+
+@register
+class SignSGD(Signum):
+    """signSGD: ``w = (1 - lr*wd)*w - lr*sign(g)`` (Signum without momentum;
+    MXNet has no registry name for it, ``Signum(momentum=0)`` is the same)."""
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("momentum", 0.0)
+        super().__init__(**kwargs)
+
+
+def create(name: str, **params: Any) -> Optimizer:
+    """An optimizer by (case-insensitive) name, e.g. ``create('adam', learning_rate=0.01)``.
+
+    >>> create("SGD", learning_rate=0.5)
+    SGD(learning_rate=0.5, wd=0.0, rescale_grad=1.0, begin_num_update=0, momentum=0.0)
+    """
+    try:
+        cls = _REGISTRY[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {name!r}; known: {sorted(_REGISTRY)}") from None
+    return cls(**params)

@@ -1,0 +1,137 @@
+"""The state of a set of keys, and the one place where update semantics live.
+
+A :class:`Shard` holds stored values, the updater or optimizer, and the
+optimizer's per-key states. The local store keeps all keys in one shard; a
+cluster server keeps its part of the keys in one. ``apply`` takes, for each
+key, the list of values to add up (per-device values locally, per-worker
+values on a server) and then:
+
+- with no updater (ASSIGN): stores their sum, summed straight into the stored
+  array (no temporary);
+- with an optimizer: sums them into a merge buffer, then runs one optimizer step;
+- with a custom updater ``fn(key, merged, stored)``: runs it on a copy of the
+  stored value and keeps the copies only when every key of the call succeeded,
+  so an updater that raises changes nothing.
+
+>>> import numpy as np
+>>> shard = Shard()
+>>> shard.init(3, np.zeros(2, dtype=np.float32))
+>>> shard.apply([(3, [np.ones(2), np.ones(2)])])
+>>> shard.read(3)
+array([2., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .devices import array_module
+from .events import EventBus, summarize
+from .reduce import sum_into
+
+Key = int | str
+Updater = Callable[[Key, Any, Any], Any]
+
+
+class Shard:
+    """Values, updater and optimizer states of a set of keys (see module doc)."""
+
+    def __init__(self, events: EventBus | None = None, rank: int = 0, server: int | None = None):
+        self.values: dict[Key, Any] = {}
+        self.updater: Updater | None = None
+        self.optimizer: Any = None
+        self.states: dict[Key, Any] = {}
+        self.events = events
+        self.rank = rank
+        self.server = server
+        self._merge_buffers: dict[Key, Any] = {}
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.values
+
+    def init(self, key: Key, value: Any) -> None:
+        """Store ``value`` (owned by the shard from now on) under a new key."""
+        if key in self.values:
+            raise ValueError(f"key {key!r} is already initialised")
+        self.values[key] = value
+
+    def read(self, key: Key) -> Any:
+        """The stored array itself (callers copy it out)."""
+        return self.values[key]
+
+    def relocate(self, key: Key, value: Any) -> None:
+        """Replace a key's array by an equal one elsewhere (e.g. on its home GPU)."""
+        self.values[key] = value
+        self._merge_buffers.pop(key, None)
+
+    def set_updater(self, updater: Updater | None) -> None:
+        """Use ``updater(key, merged, stored)`` from now on (None: back to ASSIGN)."""
+        self.updater = updater
+        self.optimizer = None
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Run ``optimizer`` on every push from now on; states start fresh."""
+        self.optimizer = optimizer
+        self.updater = None
+        self.states = {}
+
+    def _merged(self, key: Key, values: Sequence[Any]) -> Any:
+        stored = self.values[key]
+        buffer = self._merge_buffers.get(key)
+        if buffer is None:
+            buffer = self._merge_buffers[key] = array_module(stored).empty_like(stored)
+        sum_into(buffer, values)
+        return buffer
+
+    def apply(self, batch: Sequence[tuple[Key, Sequence[Any]]]) -> None:
+        """Apply one push: for every ``(key, values)``, add up ``values`` and
+        update the key once (see module doc). Keys must be initialised and
+        shapes checked by the caller."""
+        if self.optimizer is not None:
+            self._apply_optimizer(batch)
+        elif self.updater is not None:
+            self._apply_updater(batch)
+        else:
+            for key, values in batch:
+                sum_into(self.values[key], values)
+
+    def _apply_optimizer(self, batch: Sequence[tuple[Key, Sequence[Any]]]) -> None:
+        optimizer, watch = self.optimizer, self.events is not None and self.events.active
+        for key, values in batch:
+            weight = self.values[key]
+            grad = self._merged(key, values)
+            if key not in self.states:
+                self.states[key] = optimizer.create_state(key, weight)
+            before = summarize(weight) if watch else None
+            optimizer.update(key, weight, grad, self.states[key])
+            if watch:
+                self._emit("optimizer", key, grad, before, weight, optimizer=optimizer.name)
+
+    def _apply_updater(self, batch: Sequence[tuple[Key, Sequence[Any]]]) -> None:
+        watch = self.events is not None and self.events.active
+        updated = {}
+        for key, values in batch:
+            merged = self._merged(key, values)
+            candidate = self.values[key].copy()
+            self.updater(key, merged, candidate)
+            updated[key] = candidate
+        # Only now, with every updater of the call done, do the new values replace the old.
+        previous = {key: self.values[key] for key in updated}
+        self.values.update(updated)
+        if watch:
+            for key, candidate in updated.items():
+                merged = self._merge_buffers[key]
+                self._emit("update", key, merged, summarize(previous[key]), candidate)
+
+    def _emit(self, op: str, key: Key, merged: Any, before: Any, after: Any, **extra: Any) -> None:
+        self.events.emit(
+            op,
+            key,
+            merged,
+            rank=self.rank,
+            server=self.server,
+            before=before,
+            after=summarize(after),
+            extra=extra,
+        )
