@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .devices import Device, array_module, copy_into, cpu, device_of, is_cupy, to_device
 from .optimizers import Optimizer
 from .reduce import HomeDevices
@@ -93,6 +95,29 @@ class LocalStore(KVStore):
 
     def _barrier_impl(self) -> None:
         return None
+
+    def placement(self) -> dict[Key, list[dict[str, Any]]]:
+        """Where every key lives: ``{key: [{'server': None, 'device': 'cpu(0)',
+        'start': 0, 'stop': size}]}`` (one piece; the cluster store cuts big
+        values into slices on several servers and reports them the same way).
+
+        >>> import labkv, numpy as np
+        >>> kv = labkv.create()
+        >>> kv.init(0, np.zeros(4))
+        >>> kv.placement()
+        {0: [{'server': None, 'device': 'cpu(0)', 'start': 0, 'stop': 4}]}
+        """
+        return {
+            key: [
+                {
+                    "server": None,
+                    "device": str(device_of(self._shard.read(key))),
+                    "start": 0,
+                    "stop": int(np.prod(shape, dtype=np.int64)),
+                }
+            ]
+            for key, (shape, _) in self._meta.items()
+        }
 
     def home_device(self, key: Key) -> Device:
         """The device that holds ``key``'s value (its home GPU on a ``device`` store)."""
