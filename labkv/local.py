@@ -33,7 +33,7 @@ class LocalStore(KVStore):
 
     def __init__(self, kvtype: str = "local"):
         super().__init__(kvtype)
-        self._shard = Shard(self.events)
+        self._shard = Shard(self.events, defer_events=True)
         self._homes = HomeDevices()
 
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
@@ -59,6 +59,9 @@ class LocalStore(KVStore):
         if self._type == "device":
             self._home_gpus(items)
         self._shard.apply(items)
+
+    def _flush_events(self) -> None:
+        self._shard.flush_events()
 
     def _pull_impl(self, items: Items) -> None:
         read = self._shard.read

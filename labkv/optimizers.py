@@ -68,8 +68,8 @@ class Optimizer:
             clip_gradient = None  # MXNet: a negative bound means no clipping
         self.clip_gradient = clip_gradient
         self.lr_scheduler = lr_scheduler
-        if lr_scheduler is not None:
-            lr_scheduler.base_lr = self.lr  # as MXNet: the optimizer's rate wins
+        if lr_scheduler is not None and learning_rate is not None:
+            lr_scheduler.base_lr = self.lr  # as MXNet: a rate given to the optimizer wins
         self.begin_num_update = begin_num_update
         self.num_update = begin_num_update
         self.index_update_count: dict[Any, int] = {}

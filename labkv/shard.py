@@ -37,7 +37,13 @@ Updater = Callable[[Key, Any, Any], Any]
 class Shard:
     """Values, updater and optimizer states of a set of keys (see module doc)."""
 
-    def __init__(self, events: EventBus | None = None, rank: int = 0, server: int | None = None):
+    def __init__(
+        self,
+        events: EventBus | None = None,
+        rank: int = 0,
+        server: int | None = None,
+        defer_events: bool = False,
+    ):
         self.values: dict[Key, Any] = {}
         self.updater: Updater | None = None
         self.optimizer: Any = None
@@ -46,6 +52,10 @@ class Shard:
         self.rank = rank
         self.server = server
         self._merge_buffers: dict[Key, Any] = {}
+        # With defer_events, update events wait in here until flush_events(), so a
+        # store can report the push first and the update it caused second.
+        self.defer_events = defer_events
+        self._deferred: list[tuple[tuple, dict]] = []
 
     def __contains__(self, key: Key) -> bool:
         return key in self.values
@@ -88,6 +98,7 @@ class Shard:
         """Apply one push: for every ``(key, values)``, add up ``values`` and
         update the key once (see module doc). Keys must be initialised and
         shapes checked by the caller."""
+        self._deferred = []
         if self.optimizer is not None:
             self._apply_optimizer(batch)
         elif self.updater is not None:
@@ -125,13 +136,16 @@ class Shard:
                 self._emit("update", key, merged, summarize(previous[key]), candidate)
 
     def _emit(self, op: str, key: Key, merged: Any, before: Any, after: Any, **extra: Any) -> None:
-        self.events.emit(
-            op,
-            key,
-            merged,
-            rank=self.rank,
-            server=self.server,
-            before=before,
-            after=summarize(after),
-            extra=extra,
+        fields = dict(
+            rank=self.rank, server=self.server, before=before, after=summarize(after), extra=extra
         )
+        if self.defer_events:
+            self._deferred.append(((op, key, merged), fields))
+        else:
+            self.events.emit(op, key, merged, **fields)
+
+    def flush_events(self) -> None:
+        """Emit the update events held back by ``defer_events``."""
+        deferred, self._deferred = self._deferred, []
+        for args, fields in deferred:
+            self.events.emit(*args, **fields)

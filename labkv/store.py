@@ -93,6 +93,9 @@ class KVStore:
         """The initialised keys, in initialisation order."""
         return list(self._meta)
 
+    def __iter__(self):
+        return iter(list(self._meta))
+
     def __contains__(self, key: Any) -> bool:
         return key in self._meta
 
@@ -208,6 +211,7 @@ class KVStore:
         if self.events.active:
             for k, values in items:
                 self._emit_push(k, values)
+            self._flush_events()
 
     def _emit_push(self, key: Key, values: list[Any]) -> None:
         total = values[0].astype(np.float64) if len(values) > 1 else values[0]
@@ -543,6 +547,10 @@ class KVStore:
 
     def _barrier_impl(self) -> None:
         raise NotImplementedError
+
+    def _flush_events(self) -> None:
+        """Report events the backend held back during a push (after the push's own)."""
+        return None
 
 
 __all__ = ["KVStore", "LengthMismatchError", "normalize_key"]

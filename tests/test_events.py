@@ -1,0 +1,100 @@
+"""Events: what each call reports, at no cost when nobody listens."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.events import Event, EventBus, summarize
+
+
+def test_each_call_reports_its_events_in_order():
+    kv = labkv.create()
+    seen: list[Event] = []
+    with kv.events.subscribe(seen.append):
+        kv.init(3, np.full((2, 3), 2.0, np.float32))
+        devices = labkv.devices(4)
+        kv.push(3, [labkv.ones((2, 3), device=d) for d in devices])
+        kv.set_updater(lambda key, merged, stored: stored.__iadd__(merged * 2))
+        kv.push(3, labkv.ones((2, 3)))
+        kv.pull(3, out=[labkv.zeros((2, 3), device=d) for d in devices[:2]])
+    kv.push(3, labkv.ones((2, 3)))  # after unsubscribing: not seen
+    assert [e.op for e in seen] == ["init", "push", "push", "update", "pull"]
+    init, push4, push1, update, pull = seen
+    assert init.key == 3 and init.shape == (2, 3) and init.dtype == "float32"
+    assert init.summary == {"min": 2.0, "max": 2.0, "mean": 2.0, "norm": pytest.approx(2 * 6**0.5)}
+    assert push4.devices == ("cpu(0)", "cpu(1)", "cpu(2)", "cpu(3)")
+    assert push4.nbytes == 4 * 24 and push4.summary["mean"] == 4.0
+    assert len(push4.extra["per_device"]) == 4
+    assert update.before["mean"] == 4.0 and update.after["mean"] == 6.0
+    assert update.summary["mean"] == 1.0  # the merged input
+    assert pull.devices == ("cpu(0)", "cpu(1)") and pull.summary["mean"] == 6.0
+    assert [e.seq for e in seen] == sorted(e.seq for e in seen)
+    assert all(e.store == kv.events.store_id for e in seen)
+
+
+def test_optimizer_steps_are_reported_with_before_and_after():
+    kv = labkv.create()
+    kv.init("w", np.zeros(2, np.float32))
+    kv.set_optimizer("sgd", learning_rate=0.5)
+    kv.events.record()
+    kv.push("w", [np.ones(2, np.float32)] * 2)
+    ops = [e.op for e in kv.events.recent()]
+    assert ops == ["push", "optimizer"]
+    step = kv.events.recent()[1]
+    assert step.before["mean"] == 0.0 and step.after["mean"] == -1.0
+    assert step.extra["optimizer"] == "sgd"
+
+
+def test_nothing_is_built_without_a_listener(monkeypatch):
+    kv = labkv.create()
+    kv.init(0, np.zeros(2))
+    assert kv.events.active is False
+
+    def fail(*args, **kwargs):
+        raise AssertionError("an event was built with nobody listening")
+
+    monkeypatch.setattr(kv.events, "emit", fail)
+    monkeypatch.setattr(labkv.events, "summarize", fail)
+    kv.push(0, np.ones(2))
+    kv.pull(0)
+    assert kv.events.recent() == []
+
+
+def test_ring_is_bounded_and_unsubscribe_stops_delivery():
+    bus = EventBus("s", ring_size=5)
+    got = []
+    handle = bus.subscribe(got.append)
+    for i in range(12):
+        bus.emit("push", i)
+    assert [e.key for e in bus.recent()] == [7, 8, 9, 10, 11]
+    assert [e.key for e in bus.recent(2)] == [10, 11]
+    handle.unsubscribe()
+    handle.unsubscribe()  # idempotent
+    assert not bus.active
+    bus.emit("push", 99)
+    assert len(got) == 12
+
+
+def test_events_round_trip_through_plain_data_and_threads():
+    bus = EventBus("s")
+    got = []
+    bus.subscribe(got.append)
+    event = Event(1, 0.0, "remote", "push", "w", rank=1, devices=("gpu(0)",), shape=(2,))
+    threads = [threading.Thread(target=bus.deliver, args=(event,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4
+    assert Event.from_dict(event.to_dict()) == event
+
+
+def test_summarize_handles_empty_and_integer_arrays():
+    assert summarize(np.array([1, 2, 3]))["mean"] == 2.0
+    assert summarize(np.zeros(0))["norm"] == 0.0
+    with pytest.raises(TypeError):
+        EventBus("s").subscribe("not callable")

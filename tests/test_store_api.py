@@ -1,0 +1,185 @@
+"""The KVStore API on one machine: types, keys, values, outs, devices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.devices import DeviceArray
+
+
+def test_create_names_are_case_insensitive_and_unknown_names_list_the_valid_ones():
+    assert labkv.create("LOCAL").type == "local"
+    assert labkv.create("Device").type == "device"
+    with pytest.raises(ValueError, match="unknown KVStore type 'nonsense'.*'local'.*'dist_sync'"):
+        labkv.create("nonsense")
+    with pytest.raises(TypeError):
+        labkv.create(3)
+
+
+def test_identity_rank_workers_capabilities_barrier():
+    kv = labkv.create()
+    assert (kv.rank, kv.num_workers) == (0, 1)
+    assert kv.is_capable("optimizer") and kv.is_capable("OPTIMIZER")
+    assert not kv.is_capable("teleport")
+    assert kv.barrier() is None and kv._barrier() is None
+
+
+def test_str_keys_and_lists_of_keys():
+    kv = labkv.create()
+    kv.init(["a", "b"], [np.zeros(2), np.ones(3)])
+    kv.push(["b", "a"], [np.full(3, 4.0), [np.ones(2), np.ones(2)]])
+    a, b = kv.pull(["a", "b"])
+    np.testing.assert_array_equal(a, [2, 2])
+    np.testing.assert_array_equal(b, [4, 4, 4])
+    assert kv.keys() == ["a", "b"] and "a" in kv
+
+
+def test_numpy_integer_keys_count_as_ints():
+    kv = labkv.create()
+    kv.init(np.int64(4), np.zeros(1))
+    kv.push(4, np.ones(1))
+    np.testing.assert_array_equal(kv.pull(np.int32(4)), [1])
+
+
+def test_repeated_key_in_one_call_is_one_update_of_the_sum():
+    kv = labkv.create()
+    kv.init(0, np.zeros(2))
+    calls = []
+    kv.set_updater(
+        lambda key, merged, stored: (calls.append(merged.copy()), stored.__iadd__(merged))
+    )
+    kv.push([0, 0], [np.ones(2), [np.ones(2), np.ones(2)]])
+    assert len(calls) == 1
+    np.testing.assert_array_equal(calls[0], [3, 3])
+
+
+def test_updater_receives_str_keys_as_str():
+    kv = labkv.create()
+    kv.init("w", np.zeros(1))
+    seen = []
+    kv.set_updater(lambda key, merged, stored: seen.append(key))
+    kv.push("w", np.ones(1))
+    assert seen == ["w"] and type(seen[0]) is str
+
+
+def test_pushed_values_are_cast_to_the_stored_dtype():
+    kv = labkv.create()
+    kv.init(0, np.zeros(3, np.float32))
+    kv.push(0, [np.array([1, 2, 3], np.int64), np.array([0.5, 0.5, 0.5])])
+    out = kv.pull(0)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, [1.5, 2.5, 3.5])
+
+
+def test_pull_writes_every_out_on_its_own_device():
+    kv = labkv.create()
+    kv.init(1, np.arange(4.0))
+    outs = [labkv.zeros(4, device=d) for d in labkv.devices(3)]
+    kv.pull(1, out=outs)
+    for out, device in zip(outs, labkv.devices(3)):
+        np.testing.assert_array_equal(out, [0, 1, 2, 3])
+        assert labkv.device_of(out) == device
+
+
+def test_pull_without_out_returns_new_arrays():
+    kv = labkv.create()
+    kv.init([1, 2], [np.ones(2), np.zeros(2)])
+    one = kv.pull(1)
+    one[:] = 9  # a copy, not the stored value
+    np.testing.assert_array_equal(kv.pull(1), [1, 1])
+    assert isinstance(kv.pull([1, 2]), list)
+
+
+def test_pushpull_writes_into_value_when_out_is_none_and_into_out_otherwise():
+    kv = labkv.create()
+    kv.init(0, np.zeros(2))
+    grads = [np.ones(2), np.ones(2)]
+    kv.pushpull(0, grads)
+    np.testing.assert_array_equal(grads[1], [2, 2])
+    out = np.zeros(2)
+    kv.pushpull(0, np.full(2, 5.0), out=out)
+    np.testing.assert_array_equal(out, [5, 5])
+
+
+def test_broadcast_initialises_and_fills_outs():
+    kv = labkv.create()
+    outs = [labkv.zeros(3, device=d) for d in labkv.devices(2)]
+    kv.broadcast("w", labkv.full(3, 7.0), out=outs)
+    np.testing.assert_array_equal(outs[1], [7, 7, 7])
+    with pytest.raises(ValueError, match="already initialised"):
+        kv.broadcast("w", labkv.full(3, 7.0), out=outs)
+
+
+def test_row_sparse_pull_fills_only_the_requested_rows():
+    kv = labkv.create()
+    kv.init("emb", np.arange(12.0).reshape(4, 3))
+    outs = [np.full((4, 3), -1.0), np.full((4, 3), -1.0)]
+    kv.row_sparse_pull("emb", out=outs, row_ids=[np.array([0, 2]), np.array([3])])
+    np.testing.assert_array_equal(outs[0], [[0, 1, 2], [0, 0, 0], [6, 7, 8], [0, 0, 0]])
+    np.testing.assert_array_equal(outs[1], [[0, 0, 0], [0, 0, 0], [0, 0, 0], [9, 10, 11]])
+    with pytest.raises(IndexError, match="out of range"):
+        kv.row_sparse_pull("emb", out=outs[0], row_ids=np.array([4]))
+    with pytest.raises(TypeError, match="integers"):
+        kv.row_sparse_pull("emb", out=outs[0], row_ids=np.array([0.5]))
+    np.testing.assert_array_equal(outs[1][3], [9, 10, 11])  # refused calls wrote nothing
+
+
+class ArrayLike:
+    """A foreign array type that only offers __array__ (like many tensor libraries)."""
+
+    def __init__(self, data):
+        self.data = np.asarray(data)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.data
+
+
+class DLPackOnly:
+    """A foreign array that only offers the DLPack protocol."""
+
+    def __init__(self, data):
+        self.data = np.asarray(data)
+
+    def __dlpack__(self, **kwargs):
+        return self.data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.data.__dlpack_device__()
+
+
+def test_foreign_arrays_are_accepted_by_conversion():
+    kv = labkv.create()
+    kv.init(0, ArrayLike([1.0, 2.0]))
+    kv.push(0, [ArrayLike([1.0, 1.0]), DLPackOnly([2.0, 2.0])])
+    np.testing.assert_array_equal(kv.pull(0), [3, 3])
+
+
+def test_devices_and_array_helpers():
+    assert labkv.cpu(1) == labkv.Device("cpu", 1) and repr(labkv.gpu(2)) == "gpu(2)"
+    sims = labkv.devices(3)
+    if labkv.num_gpus() < 3:
+        assert sims == [labkv.cpu(0), labkv.cpu(1), labkv.cpu(2)]
+    a = labkv.ones((2, 2), device=labkv.cpu(2))
+    assert isinstance(a, DeviceArray) and labkv.device_of(a + 1) == labkv.cpu(2)
+    assert labkv.zeros(3).dtype == np.float32 and labkv.full(2, 3, dtype="int32").dtype == np.int32
+    np.testing.assert_array_equal(labkv.array([1, 2], device=labkv.cpu(1)), [1, 2])
+    with pytest.raises(ValueError):
+        labkv.devices(0)
+    with pytest.raises(ValueError):
+        labkv.Device("tpu", 0)
+
+
+@pytest.mark.skipif(labkv.num_gpus() > 0, reason="checks the message on machines without a GPU")
+def test_gpu_arrays_without_a_gpu_give_a_clear_error():
+    with pytest.raises(RuntimeError, match="needs CuPy and a CUDA GPU"):
+        labkv.ones(2, device=labkv.gpu(0))
+
+
+def test_public_api_is_sorted_and_complete():
+    assert labkv.__all__ == sorted(labkv.__all__)
+    for name in labkv.__all__:
+        assert hasattr(labkv, name), name
+    for name in ("create", "cpu", "gpu", "devices", "ones", "zeros", "full", "array", "KVStore"):
+        assert name in labkv.__all__
