@@ -1,0 +1,122 @@
+"""How much a monitor slows the local store: tiny and 1 MiB push+pull, side by side.
+
+    python bench/monitor_overhead.py [--rounds 5] [--seconds 0.4]
+
+Conditions, measured in interleaved rounds on one store (best round kept, so
+a noisy neighbour on a shared machine hurts every condition alike):
+
+- ``no subscriber``: the store builds no events (the baseline);
+- ``no-op subscriber``: the store builds every event, nobody does anything
+  with it (what any watcher costs the store itself);
+- ``monitor (model)``: ``monitor(kv)`` with no front end;
+- ``monitor + dashboard``: the widgets built and refreshed at 10 Hz from the
+  ticker thread (no browser attached; the comm messages go nowhere);
+- ``after close``: the same store once the monitor is closed (must be 0%).
+
+Ratios are rates relative to ``no subscriber`` (1.00 = as fast); the last
+lines of each case divide out what the store spends building events for any
+subscriber, leaving the monitor's own share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import labkv
+from labkv.widgets import monitor
+
+Setup = Callable[[object], Callable[[], None]]
+
+
+def _none(kv) -> Callable[[], None]:
+    return lambda: None
+
+
+def _noop(kv) -> Callable[[], None]:
+    return kv.events.subscribe(lambda e: None).unsubscribe
+
+
+def _model(kv) -> Callable[[], None]:
+    return monitor(kv).close
+
+
+def _dashboard(kv) -> Callable[[], None]:
+    mon = monitor(kv)
+    _ = mon.widget  # builds the widgets and starts the 10 Hz refresh thread
+    return mon.close
+
+
+def _closed(kv) -> Callable[[], None]:
+    mon = monitor(kv)
+    _ = mon.widget
+    mon.close()
+    return lambda: None
+
+
+CONDITIONS: dict[str, Setup] = {
+    "no subscriber": _none,
+    "no-op subscriber": _noop,
+    "monitor (model)": _model,
+    "monitor + dashboard": _dashboard,
+    "after close": _closed,
+}
+
+
+def push_pull_rate(kv, key, value, out, seconds: float) -> float:
+    """push+pull pairs per second over about ``seconds``."""
+    n, t0 = 0, time.perf_counter()
+    deadline = t0 + seconds
+    while True:
+        for _ in range(20):
+            kv.push(key, value)
+            kv.pull(key, out=out)
+        n += 20
+        now = time.perf_counter()
+        if now >= deadline:
+            return n / (now - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=0.4)
+    args = parser.parse_args()
+    kv = labkv.create("local")
+    cases = {
+        "tiny (4 x float32)": ("tiny", np.ones(4, np.float32)),
+        "1 MiB (float32)": ("big", np.ones(2**18, np.float32)),
+    }
+    for key, value in cases.values():
+        kv.init(key, np.zeros_like(value))
+    best: dict[tuple[str, str], float] = {}
+    for _ in range(args.rounds):
+        for name, setup in CONDITIONS.items():
+            teardown = setup(kv)
+            try:
+                for case, (key, value) in cases.items():
+                    out = np.empty_like(value)
+                    rate = push_pull_rate(kv, key, value, out, args.seconds)
+                    best[case, name] = max(best.get((case, name), 0.0), rate)
+            finally:
+                teardown()
+    print(f"labkv monitor overhead: best of {args.rounds} rounds x {args.seconds} s, local store")
+    for case in cases:
+        base = best[case, "no subscriber"]
+        print(f"\n{case}: push+pull pairs per second")
+        for name in CONDITIONS:
+            rate = best[case, name]
+            print(
+                f"  {name:<22} {rate:12,.0f} /s   ratio {rate / base:5.3f}   ({(1 - rate / base) * 100:+5.1f}% slower)"
+            )
+        events = best[case, "no-op subscriber"]
+        for name in ("monitor (model)", "monitor + dashboard"):
+            own = best[case, name] / events
+            print(f"  the monitor's own share, {name} vs no-op subscriber: ratio {own:5.3f}")
+
+
+if __name__ == "__main__":
+    main()

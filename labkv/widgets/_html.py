@@ -1,0 +1,53 @@
+"""HTML rendering of the monitor's sections: every string is escaped here.
+
+This is the one place text from events (key names, op names, anything a
+server sent) turns into markup, so escaping it here makes every view safe.
+
+>>> table_html(["key"], [["<img src=x onerror=alert(1)>"]], "labkv-keys")
+'<table class="labkv-table labkv-keys"><thead><tr><th>key</th></tr></thead><tbody><tr><td>&lt;img src=x onerror=alert(1)&gt;</td></tr></tbody></table>'
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+__all__ = ["STYLE", "esc", "table_html"]
+
+#: Cell classes by content, so MISSING ranks stand out in the fan-in grid.
+_CELL_CLASS = {"MISSING": "labkv-missing", "pushed": "labkv-pushed"}
+
+STYLE = """<style>
+.labkv-table { border-collapse: collapse; font: 12px monospace; }
+.labkv-table th, .labkv-table td { border: 1px solid #ccc; padding: 1px 6px; text-align: left; }
+.labkv-table th { background: #f0f0f0; }
+.labkv-missing { background: #f8c8c8; font-weight: bold; }
+.labkv-pushed { background: #c8f0c8; }
+.labkv-empty { color: #888; font: 12px sans-serif; }
+</style>"""
+
+
+def esc(value: object) -> str:
+    """``str(value)``, HTML-escaped (quotes too)."""
+    return escape(str(value), quote=True)
+
+
+def table_html(headers: list[str], rows: list[list[str]], css: str, empty: str = "") -> str:
+    """A table with the CSS class ``css``; ``empty`` (escaped) when there are no rows."""
+    if not rows and empty:
+        return f'<div class="labkv-empty {esc(css)}">{esc(empty)}</div>'
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="{_CELL_CLASS[c]}">{esc(c)}</td>'
+            if c in _CELL_CLASS
+            else f"<td>{esc(c)}</td>"
+            for c in row
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return (
+        f'<table class="labkv-table {esc(css)}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table>"
+    )

@@ -1,0 +1,306 @@
+"""The monitor's model: what the views show, folded from a store's events.
+
+Pure Python (no ipywidgets, no bokeh), so it works in scripts and tests. The
+subscriber callback :meth:`MonitorModel.on_event` only appends to a deque;
+:meth:`MonitorModel.flush` folds the pending events into counters, rings and
+tables, on the view's throttled refresh (or inline when too many pile up, so
+memory stays bounded with no front end).
+
+>>> import labkv, numpy as np
+>>> kv = labkv.create("local")
+>>> model = MonitorModel()
+>>> sub = kv.events.subscribe(model.on_event)
+>>> kv.init("w", np.zeros(3))
+>>> kv.push("w", np.ones(3))
+>>> model.flush()
+2
+>>> stats = model.keys["w"]
+>>> stats.pushes, stats.bytes_in, stats.value["mean"]
+(1, 24, 1.0)
+>>> sub.unsubscribe()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..events import Event
+
+__all__ = ["FanIn", "KeyStats", "MonitorModel", "ServerLoad"]
+
+Key = int | str
+Summary = dict[str, float]
+
+#: ops after which the stored value of a key may differ
+CHANGING_OPS = frozenset({"init", "push", "update", "optimizer"})
+#: ops that are an updater call (custom updater or optimizer step)
+UPDATER_OPS = frozenset({"update", "optimizer"})
+
+
+@dataclass
+class KeyStats:
+    """Per-key counters and the last known value summary."""
+
+    key: Key
+    pushes: int = 0
+    pulls: int = 0
+    updates: int = 0
+    inits: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    value: Summary | None = None
+    last_op: str = ""
+    last_change: float = 0.0
+    has_updater: bool = False
+
+
+@dataclass
+class FanIn:
+    """One key's latest ``dist_sync`` round, combined over the servers holding it."""
+
+    key: Key
+    per_server: dict[Any, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+
+    def current(self) -> dict[str, Any]:
+        """``round``, ``num_workers``, ``pushed``/``missing`` rank sets, ``waited_s``,
+        ``complete`` and ``time`` of the newest round any server reported."""
+        latest = max(int(extra.get("round", 0)) for _, extra in self.per_server.values())
+        now = [(t, e) for t, e in self.per_server.values() if int(e.get("round", 0)) == latest]
+        workers = max(int(e.get("num_workers", 0)) for _, e in now)
+        # A rank has pushed a sliced key only when every server of this round has its slice.
+        pushed = set.intersection(*(set(e.get("pushed", ())) for _, e in now))
+        complete = all(bool(e.get("complete")) for _, e in now)
+        missing: set[int] = set()
+        if not complete:
+            missing = set().union(*(set(e.get("missing", ())) for _, e in now))
+            missing |= set(range(workers)) - pushed
+        return {
+            "round": latest,
+            "num_workers": workers,
+            "pushed": pushed,
+            "missing": missing,
+            "waited_s": max(float(e.get("waited_s", 0.0)) for _, e in now),
+            "complete": complete,
+            "time": max(t for t, _ in now),
+        }
+
+
+@dataclass
+class ServerLoad:
+    """Bytes in/out of one server: from its ``load`` events, else summed from
+    the push/pull events that name it; ``history`` is a ring of ``(time, in, out)``."""
+
+    server: Any
+    bytes_in: int = 0
+    bytes_out: int = 0
+    keys: int | None = None
+    bytes_held: int | None = None
+    reported: bool = False
+    history: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=300))
+
+
+class MonitorModel:
+    """Counters, rings and tables over a stream of :class:`~labkv.events.Event`.
+
+    Everything is bounded: the event log and the updater trace are rings,
+    the per-server history is a ring, at most ``max_keys`` keys are tracked
+    (``dropped_keys`` counts the rest), and at most ``max_pending`` events
+    wait for a flush before the callback folds them itself.
+    """
+
+    def __init__(
+        self,
+        log_size: int = 500,
+        trace_size: int = 100,
+        history: int = 300,
+        max_keys: int = 10_000,
+        max_pending: int = 10_000,
+    ):
+        self.lock = threading.RLock()
+        self._pending: deque[Event] = deque()
+        self._quiet = threading.local()
+        self.max_pending = max_pending
+        self.max_keys = max_keys
+        self._history = history
+        self.log: deque[Event] = deque(maxlen=log_size)
+        self.trace: deque[Event] = deque(maxlen=trace_size)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything seen (e.g. when the monitor moves to another store)."""
+        with self.lock:
+            self._pending.clear()
+            self.log.clear()
+            self.trace.clear()
+            self.counts: Counter[str] = Counter()
+            self.keys: dict[Key, KeyStats] = {}
+            self.fanin: dict[Key, FanIn] = {}
+            self.servers: dict[Any, ServerLoad] = {}
+            self.changed: set[Key] = set()
+            self.dropped_keys = 0
+            self.events_seen = 0
+            self.last_time = 0.0
+            #: bumped by every flush that folded something; views skip work when unchanged
+            self.version = 0
+
+    # -- intake (any thread) ------------------------------------------------------
+    def on_event(self, event: Event) -> None:
+        """The bus subscriber: O(1) append; folds inline only past ``max_pending``."""
+        if getattr(self._quiet, "on", False):
+            return
+        self._pending.append(event)
+        if len(self._pending) >= self.max_pending:
+            self.flush()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Ignore events made on this thread inside the block (the monitor's own reads).
+
+        >>> model = MonitorModel()
+        >>> with model.quiet():
+        ...     model.on_event(Event(0, 0.0, "s", "pull", 1))
+        >>> model.flush()
+        0
+        """
+        self._quiet.on = True
+        try:
+            yield
+        finally:
+            self._quiet.on = False
+
+    @property
+    def pending(self) -> int:
+        """Events received but not folded yet."""
+        return len(self._pending)
+
+    def flush(self) -> int:
+        """Fold every pending event; returns how many were folded."""
+        with self.lock:
+            n = 0
+            pending = self._pending
+            while pending:
+                try:
+                    event = pending.popleft()
+                except IndexError:  # another thread drained it first
+                    break
+                self._fold(event)
+                n += 1
+            if n:
+                self.version += 1
+            return n
+
+    # -- folding (under the lock) -----------------------------------------------
+    def _fold(self, e: Event) -> None:
+        op = e.op
+        self.counts[op] += 1
+        self.events_seen += 1
+        self.last_time = max(self.last_time, e.time)
+        if op == "load":
+            self._fold_load(e)
+            return
+        self.log.append(e)
+        if op == "round":
+            if e.key is not None:
+                fan = self.fanin.get(e.key) or self.fanin.setdefault(e.key, FanIn(e.key))
+                fan.per_server[e.server] = (e.time, dict(e.extra))
+            return
+        if e.server is not None and op in ("push", "pull"):
+            self._fold_traffic(e)
+        if e.key is None:
+            return
+        stats = self.keys.get(e.key)
+        if stats is None:
+            if len(self.keys) >= self.max_keys:
+                self.dropped_keys += 1
+                return
+            stats = self.keys[e.key] = KeyStats(e.key)
+        if e.shape:
+            stats.shape, stats.dtype = e.shape, e.dtype or stats.dtype
+        if op == "push":
+            stats.pushes += 1
+            stats.bytes_in += e.nbytes
+            # With no updater the stored value is the pushed sum; with one, the
+            # update event (emitted before the push event) already set it.
+            if e.server is None and not stats.has_updater and e.summary is not None:
+                stats.value = e.summary
+        elif op == "pull":
+            stats.pulls += 1
+            stats.bytes_out += e.nbytes
+            if e.summary is not None and e.server is None:
+                stats.value = e.summary
+        elif op == "init":
+            stats.inits += 1
+            stats.value = e.summary
+        elif op in UPDATER_OPS:
+            stats.updates += 1
+            stats.has_updater = True
+            stats.value = e.after
+            self.trace.append(e)
+        if op in CHANGING_OPS:
+            stats.last_op, stats.last_change = op, e.time
+            self.changed.add(e.key)
+
+    def _server(self, server: Any) -> ServerLoad:
+        load = self.servers.get(server)
+        if load is None:
+            load = self.servers[server] = ServerLoad(server, history=deque(maxlen=self._history))
+        return load
+
+    def _fold_load(self, e: Event) -> None:
+        load = self._server(e.server)
+        x = e.extra
+        load.reported = True
+        load.bytes_in = int(x.get("bytes_in", load.bytes_in))
+        load.bytes_out = int(x.get("bytes_out", load.bytes_out))
+        load.keys = x.get("keys", load.keys)
+        load.bytes_held = x.get("bytes_held", load.bytes_held)
+        load.history.append((e.time, load.bytes_in, load.bytes_out))
+
+    def _fold_traffic(self, e: Event) -> None:
+        load = self._server(e.server)
+        if load.reported:  # the server's own cumulative counters win
+            return
+        if e.op == "push":
+            load.bytes_in += e.nbytes
+        else:
+            load.bytes_out += e.nbytes
+        history = load.history
+        if history and e.time - history[-1][0] < 0.1:  # one point per 100 ms is plenty
+            history[-1] = (history[-1][0], load.bytes_in, load.bytes_out)
+        else:
+            history.append((e.time, load.bytes_in, load.bytes_out))
+
+    # -- queries (call flush() first) ------------------------------------------
+    def events(self, key: Any = None, op: str | None = None, limit: int = 50) -> list[Event]:
+        """Logged events, newest first, optionally only one key and/or one op.
+
+        >>> model = MonitorModel()
+        >>> for i, op in enumerate(["init", "push", "pull"]):
+        ...     model.on_event(Event(i, float(i), "s", op, "w"))
+        >>> _ = model.flush()
+        >>> [e.op for e in model.events(op="push")], [e.seq for e in model.events()]
+        (['push'], [2, 1, 0])
+        """
+        out: list[Event] = []
+        if limit <= 0:
+            return out
+        with self.lock:
+            for e in reversed(self.log):
+                if (key is None or e.key == key) and (op is None or e.op == op):
+                    out.append(e)
+                    if len(out) >= limit:
+                        break
+        return out
+
+    def take_changed(self) -> set[Key]:
+        """Keys whose value may have changed since the last call (and forget them)."""
+        with self.lock:
+            changed, self.changed = self.changed, set()
+        return changed

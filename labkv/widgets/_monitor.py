@@ -1,0 +1,202 @@
+"""``Monitor``: one store's event model plus, once displayed, its live dashboard.
+
+>>> import labkv, numpy as np
+>>> kv = labkv.create("local")
+>>> mon = Monitor(kv)
+>>> kv.init(3, np.full((2, 3), 2.0))
+>>> kv.push(3, np.ones((2, 3)))
+>>> print(mon.summary(events=0))  # doctest: +ELLIPSIS
+labkv monitor local: 2 events (init 1, push 1)
+<BLANKLINE>
+keys
+key  shape  push  pull  updater  in    out  min  max  mean  norm   last change        placement
+---  -----  ----  ----  -------  ----  ---  ---  ---  ----  -----  -----------------  ---------
+3    2x3    1     0     0        48 B  0 B  1    1    1     2.449  push ...  cpu(0)
+>>> mon.close()
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ._model import MonitorModel
+from ._text import summary as text_summary
+from ._throttle import Ticker
+from ._values import downsample, read_quietly
+
+__all__ = ["Monitor"]
+
+_bokehjs_loaded = False
+
+
+def _load_bokehjs() -> None:
+    """Put BokehJS into the page once per kernel, inline: the widgets' bokeh
+    views cannot render without it, and the CDN may be unreachable."""
+    global _bokehjs_loaded
+    if _bokehjs_loaded:
+        return
+    try:
+        from bokeh.io import output_notebook
+        from bokeh.resources import INLINE
+    except ImportError:
+        return
+    output_notebook(resources=INLINE, hide_banner=True)
+    _bokehjs_loaded = True
+
+
+class Monitor:
+    """Watches one store's events; see :func:`labkv.widgets.monitor`.
+
+    ``hz`` bounds the dashboard's refresh rate, ``rows`` the rows of the event
+    log shown, ``log_size``/``trace_size`` the rings kept.
+    """
+
+    def __init__(
+        self,
+        kv: Any,
+        *,
+        hz: float = 10.0,
+        rows: int = 30,
+        log_size: int = 500,
+        trace_size: int = 100,
+    ):
+        self.model = MonitorModel(log_size=log_size, trace_size=trace_size)
+        self.kv: Any = None
+        self.closed = True
+        self._rows = rows
+        self._sub: Any = None
+        self._dashboard: Any = None
+        self._value: Any = None
+        self._placement: dict[Any, Any] = {}
+        self._placement_keys = 0
+        self._chosen: Any = None
+        self._refresh_lock = threading.Lock()
+        self._ticker = Ticker(self.refresh, hz=hz)
+        self.attach(kv)
+
+    # -- life cycle ----------------------------------------------------------------
+    def attach(self, kv: Any) -> Monitor:
+        """Watch ``kv`` from now on (forgetting the previous store's events)."""
+        self._unsubscribe()
+        with self._refresh_lock:
+            self.kv = kv
+            self.model.reset()
+            self._placement, self._placement_keys = {}, 0
+            self._chosen = None
+            if self._value is not None:
+                self._value.__init__()
+                self._value.version = -2  # differs from the dashboard's, so it redraws
+            self._sub = kv.events.subscribe(self.model.on_event)
+            self.closed = False
+        if self._dashboard is not None:
+            self._ticker.start()
+        return self
+
+    def close(self) -> None:
+        """Stop watching, stop the refresh thread and close the widgets (idempotent)."""
+        self._unsubscribe()
+        self._ticker.stop()
+        self.closed = True
+        with self._refresh_lock:
+            dashboard, self._dashboard = self._dashboard, None
+        if dashboard is not None:
+            dashboard.close()
+
+    def _unsubscribe(self) -> None:
+        if self._sub is not None:
+            self._sub.unsubscribe()
+            self._sub = None
+
+    # -- refresh (the ticker's thread, or called directly) ------------------------
+    def refresh(self) -> None:
+        """Fold pending events and bring the dashboard (if any) up to date."""
+        with self._refresh_lock:
+            model = self.model
+            model.flush()
+            if len(model.keys) != self._placement_keys:
+                self._placement_keys = len(model.keys)
+                self._placement = self._read_placement()
+            dashboard = self._dashboard
+            if dashboard is None:
+                return
+            chosen = dashboard.value_key.value
+            self._read_value(chosen if chosen is not None else self._chosen)
+            dashboard.update(model, self._value, self._placement, self._title(), self.closed)
+
+    def _read_placement(self) -> dict[Any, Any]:
+        try:
+            return dict(self.kv.placement())
+        except Exception:  # a store without placement (or one mid-shutdown) shows none
+            return {}
+
+    def _read_value(self, key: Any) -> None:
+        value, model = self._value, self.model
+        if key is None:
+            with model.lock:
+                key = next(iter(model.keys), None)
+        changed = model.take_changed()
+        if key is None or (key == value.key and key not in changed and value.picture is not None):
+            return
+        value.key = key
+        try:
+            array = read_quietly(self.kv, key, model.quiet)
+            value.picture = downsample(array)
+            value.shape, value.dtype, value.error = tuple(array.shape), str(array.dtype), ""
+        except Exception as exc:  # e.g. a key the store has not initialised
+            value.picture, value.error = None, f"cannot read key {key!r}: {exc}"
+        value.version += 1
+
+    # -- choosing and reading ---------------------------------------------------
+    def select(self, key: Any) -> None:
+        """Show ``key`` in the value view (``None``: the first key)."""
+        self._chosen = key
+        if self._dashboard is not None:
+            self._dashboard.value_key.value = key if key in self.model.keys else None
+
+    @property
+    def value(self) -> Any:
+        """``(key, downsampled array)`` last shown in the value view, or ``None``."""
+        v = self._value
+        return None if v is None or v.picture is None else (v.key, v.picture)
+
+    def summary(self, events: int = 10) -> str:
+        """Text of every non-empty section: per-key table, last ``events`` events,
+        updater calls, fan-in, server load."""
+        self.model.flush()
+        if len(self.model.keys) != self._placement_keys:
+            self._placement_keys = len(self.model.keys)
+            self._placement = self._read_placement()
+        return text_summary(self.model, self._placement, self._title(), events)
+
+    def _title(self) -> str:
+        kind = getattr(self.kv, "type", None)
+        return str(kind if kind is not None else type(self.kv).__name__)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "watching"
+        return f"<labkv Monitor {state} {self._title()}: {self.model.events_seen} events>"
+
+    # -- front end ----------------------------------------------------------------
+    @property
+    def widget(self) -> Any:
+        """The dashboard's root ipywidget (built on first use; starts the refresh thread)."""
+        if self._dashboard is None:
+            from ._views import Dashboard, ValueState
+
+            with self._refresh_lock:
+                self._value = ValueState()
+                self._dashboard = Dashboard(rows=self._rows)
+            self.refresh()
+        if not self.closed:
+            self._ticker.start()
+        return self._dashboard.root
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        _load_bokehjs()
+        display(self.widget)

@@ -1,0 +1,234 @@
+"""The monitor's sections as plain tables of strings: ``(headers, rows)``.
+
+Text and HTML rendering both start here, so what a script prints and what a
+notebook shows are the same numbers. Nothing here is escaped: that is the
+HTML renderer's job, done once at its one sink.
+
+>>> from labkv.events import Event
+>>> from labkv.widgets._model import MonitorModel
+>>> m = MonitorModel()
+>>> m.on_event(Event(0, 0.0, "s", "update", 3, summary={"min": 1.0, "max": 1.0, "mean": 1.0,
+...     "norm": 2.4}, before={"min": 4.0, "max": 4.0, "mean": 4.0, "norm": 9.8},
+...     after={"min": 6.0, "max": 6.0, "mean": 6.0, "norm": 14.7}))
+>>> _ = m.flush()
+>>> trace_table(m)[1][0][-1]
+'stored += input * 2'
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from ..events import Event
+from ._model import MonitorModel
+
+__all__ = [
+    "fanin_table",
+    "fmt_bytes",
+    "fmt_key",
+    "fmt_num",
+    "keys_table",
+    "log_table",
+    "servers_table",
+    "trace_table",
+]
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def fmt_num(x: float | None) -> str:
+    """Four significant digits; ``-`` for nothing.
+
+    >>> fmt_num(2.0), fmt_num(1234567.0), fmt_num(None)
+    ('2', '1.235e+06', '-')
+    """
+    return "-" if x is None else f"{x:.4g}"
+
+
+def fmt_bytes(n: int | None) -> str:
+    """Bytes with a binary unit.
+
+    >>> fmt_bytes(24), fmt_bytes(3 * 2**20)
+    ('24 B', '3.0 MiB')
+    """
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)  # unreachable
+
+
+def fmt_key(key: Any) -> str:
+    """Keys as the user wrote them: ``3``, ``w``."""
+    return "-" if key is None else str(key)
+
+
+def fmt_time(t: float) -> str:
+    """Local wall-clock time with milliseconds."""
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
+
+
+def fmt_summary(s: dict[str, float] | None) -> str:
+    """``mean (min..max)``, the compact form used in the log."""
+    if not s:
+        return "-"
+    return f"{fmt_num(s.get('mean'))} ({fmt_num(s.get('min'))}..{fmt_num(s.get('max'))})"
+
+
+def fmt_where(e: Event) -> str:
+    """Where an event happened: its server, else its devices."""
+    if e.server is not None:
+        return f"server {e.server}"
+    if len(e.devices) > 2:
+        return f"{e.devices[0]} +{len(e.devices) - 1}"
+    return " ".join(e.devices) or "-"
+
+
+def fmt_placement(pieces: list[dict[str, Any]] | None) -> str:
+    """``kv.placement()`` entries for one key: ``s0[0:512] s1[512:1024]`` or ``cpu(0)``."""
+    if not pieces:
+        return "-"
+    out = []
+    for p in pieces:
+        where = p.get("device", "?") if p.get("server") is None else f"s{p['server']}"
+        if len(pieces) > 1:
+            where += f"[{p.get('start')}:{p.get('stop')}]"
+        out.append(str(where))
+    return " ".join(out)
+
+
+def keys_table(model: MonitorModel, placement: dict[Any, Any] | None = None) -> Table:
+    """Per key: counts, bytes, last value summary, last change, placement."""
+    headers = ["key", "shape", "push", "pull", "updater", "in", "out"]
+    headers += ["min", "max", "mean", "norm", "last change", "placement"]
+    rows = []
+    with model.lock:
+        stats = list(model.keys.values())
+    for s in stats:
+        v = s.value or {}
+        change = f"{s.last_op} {fmt_time(s.last_change)}" if s.last_op else "-"
+        rows.append(
+            [
+                fmt_key(s.key),
+                "x".join(map(str, s.shape)) or "()",
+                str(s.pushes),
+                str(s.pulls),
+                str(s.updates),
+                fmt_bytes(s.bytes_in),
+                fmt_bytes(s.bytes_out),
+                *(fmt_num(v.get(f)) for f in ("min", "max", "mean", "norm")),
+                change,
+                fmt_placement((placement or {}).get(s.key)),
+            ]
+        )
+    return headers, rows
+
+
+def log_table(
+    model: MonitorModel, key: Any = None, op: str | None = None, limit: int = 30
+) -> Table:
+    """The newest logged events first, optionally one key and/or one op."""
+    headers = ["seq", "time", "op", "key", "rank", "where", "shape", "bytes", "value"]
+    rows = [
+        [
+            str(e.seq),
+            fmt_time(e.time),
+            e.op,
+            fmt_key(e.key),
+            str(e.rank),
+            fmt_where(e),
+            "x".join(map(str, e.shape)) or "-",
+            fmt_bytes(e.nbytes) if e.nbytes else "-",
+            _event_value(e),
+        ]
+        for e in model.events(key, op, limit)
+    ]
+    return headers, rows
+
+
+def _event_value(e: Event) -> str:
+    if e.op == "round":
+        x = e.extra
+        return f"round {x.get('round')} pushed {sorted(x.get('pushed', ()))} missing {sorted(x.get('missing', ()))}"
+    if e.after is not None:
+        return f"{fmt_summary(e.before)} -> {fmt_summary(e.after)}"
+    return fmt_summary(e.summary)
+
+
+def reads_as(e: Event) -> str:
+    """What the update did to the mean, as code: ``stored += input * 2``."""
+    try:
+        delta = e.after["mean"] - e.before["mean"]  # type: ignore[index]
+        k = delta / e.summary["mean"]  # type: ignore[index]
+    except (TypeError, KeyError, ZeroDivisionError):
+        return "-"
+    if not math.isfinite(k):
+        return "-"
+    return f"stored += input * {k:.4g}"
+
+
+def trace_table(model: MonitorModel, limit: int = 20) -> Table:
+    """Updater and optimizer calls, newest first: merged input, stored before -> after."""
+    headers = ["seq", "key", "op", "input mean (min..max)", "stored before", "stored after"]
+    headers += ["on the mean"]
+    with model.lock:
+        events = list(model.trace)[::-1][:limit]
+    rows = [
+        [
+            str(e.seq),
+            fmt_key(e.key),
+            e.op if e.op == "update" else f"{e.op} {e.extra.get('optimizer', '')}".strip(),
+            fmt_summary(e.summary),
+            fmt_summary(e.before),
+            fmt_summary(e.after),
+            reads_as(e),
+        ]
+        for e in events
+    ]
+    return headers, rows
+
+
+def fanin_table(model: MonitorModel, now: float | None = None) -> Table:
+    """Keys x ranks of each key's current ``dist_sync`` round: ``pushed``/``MISSING``."""
+    now = time.time() if now is None else now
+    with model.lock:
+        rounds = [(key, fan.current()) for key, fan in model.fanin.items()]
+    workers = max((r["num_workers"] for _, r in rounds), default=0)
+    headers = ["key", "round", "waited", "state"] + [f"rank {i}" for i in range(workers)]
+    rows = []
+    for key, r in rounds:
+        waited = r["waited_s"] + (0.0 if r["complete"] else max(0.0, now - r["time"]))
+        cells = []
+        for rank in range(workers):
+            if rank in r["pushed"] or r["complete"]:
+                cells.append("pushed")
+            elif rank in r["missing"]:
+                cells.append("MISSING")
+            else:
+                cells.append("-")
+        state = "complete" if r["complete"] else f"waiting for {len(r['missing'])}"
+        rows.append([fmt_key(key), str(r["round"]), f"{waited:.1f} s", state, *cells])
+    return headers, rows
+
+
+def servers_table(model: MonitorModel) -> Table:
+    """Per server: cumulative bytes in and out, keys and bytes held."""
+    headers = ["server", "bytes in", "bytes out", "keys", "bytes held"]
+    with model.lock:
+        loads = sorted(model.servers.values(), key=lambda s: str(s.server))
+    rows = [
+        [
+            str(s.server),
+            fmt_bytes(s.bytes_in),
+            fmt_bytes(s.bytes_out),
+            "-" if s.keys is None else str(s.keys),
+            fmt_bytes(s.bytes_held),
+        ]
+        for s in loads
+    ]
+    return headers, rows

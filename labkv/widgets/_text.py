@@ -1,0 +1,49 @@
+"""Text rendering of the monitor's sections, for scripts, logs and tests.
+
+>>> print(render_table(["key", "push"], [["w", "3"], ["bias", "12"]]))
+key   push
+----  ----
+w     3
+bias  12
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._model import MonitorModel
+from ._tables import fanin_table, keys_table, log_table, servers_table, trace_table
+
+__all__ = ["render_table", "summary"]
+
+
+def render_table(headers: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns separated by two spaces."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def summary(
+    model: MonitorModel, placement: dict[Any, Any] | None = None, store: str = "", events: int = 10
+) -> str:
+    """Every non-empty section of the monitor as text."""
+    model.flush()
+    with model.lock:
+        counts = ", ".join(f"{op} {n}" for op, n in sorted(model.counts.items()))
+        total = model.events_seen
+    parts = [f"labkv monitor {store}: {total} events" + (f" ({counts})" if counts else "")]
+    sections = [
+        ("keys", keys_table(model, placement)),
+        (f"last {events} events (newest first)", log_table(model, limit=events)),
+        ("updater calls (newest first)", trace_table(model, limit=events)),
+        ("fan-in of the current round", fanin_table(model)),
+        ("server load", servers_table(model)),
+    ]
+    for title, (headers, rows) in sections:
+        if rows:
+            parts.append(f"\n{title}\n" + render_table(headers, rows))
+    return "\n".join(parts)

@@ -1,0 +1,307 @@
+"""The ipywidgets + bokeh dashboard over a :class:`~labkv.widgets._model.MonitorModel`.
+
+Imported only when a monitor is displayed, so ``import labkv`` never needs
+ipywidgets or bokeh. Every widget write happens in :meth:`Dashboard.update`,
+called by the monitor's single refresh thread (at most 10 Hz): the event
+callback never touches a widget, and all bokeh document changes come from
+that one thread. A widget is written only when its rendered value changed,
+inside ``hold_sync`` so each changed widget costs one comm message per tick.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import ipywidgets as W
+import numpy as np
+
+from ._html import STYLE, esc, table_html
+from ._model import MonitorModel
+from ._tables import (
+    fanin_table,
+    fmt_key,
+    fmt_num,
+    keys_table,
+    log_table,
+    servers_table,
+    trace_table,
+)
+
+__all__ = ["Dashboard", "ValueState"]
+
+_OPS = ["init", "push", "pull", "update", "optimizer", "round"]
+_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+
+
+class ValueState:
+    """The chosen key's downsampled value, as the monitor last read it."""
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.picture: np.ndarray | None = None
+        self.shape: tuple[int, ...] = ()
+        self.dtype = ""
+        self.error = ""
+        self.version = 0
+
+
+def _set(widget: W.Widget, **traits: Any) -> bool:
+    """Write the traits that differ, as one message; returns whether anything was sent."""
+    changed = {k: v for k, v in traits.items() if getattr(widget, k) != v}
+    if not changed:
+        return False
+    with widget.hold_sync():
+        for name, value in changed.items():
+            setattr(widget, name, value)
+    return True
+
+
+def _html(css: str) -> W.HTML:
+    widget = W.HTML()
+    widget.add_class(css)
+    return widget
+
+
+def _section(title: str, *children: W.Widget) -> W.VBox:
+    return W.VBox([W.HTML(f"<b>{esc(title)}</b>"), *children], layout=W.Layout(margin="4px 8px"))
+
+
+@functools.cache
+def _bokeh_widget_class() -> type:
+    from jupyter_bokeh.widgets import BokehModel
+
+    class BokehWidget(BokehModel):
+        """``BokehModel`` whose ``close`` may run twice (ours, then ``__del__``'s);
+        jupyter_bokeh's raises ``KeyError`` the second time."""
+
+        _labkv_closed = False
+
+        def close(self) -> None:
+            if not self._labkv_closed:
+                self._labkv_closed = True
+                super().close()
+
+    return BokehWidget
+
+
+class _Plots:
+    """The bokeh figures (value heatmap/line, server bytes over time), or a note
+    when bokeh or jupyter_bokeh is not installed."""
+
+    def __init__(self) -> None:
+        try:
+            from bokeh.models import ColumnDataSource, LinearColorMapper
+            from bokeh.palettes import Viridis256
+            from bokeh.plotting import figure
+
+            BokehModel = _bokeh_widget_class()
+        except ImportError:
+            note = "install bokeh and jupyter_bokeh (pip install 'labkv[lab]') for plots"
+            self.value_widget = self.load_widget = W.HTML(f"<i>{esc(note)}</i>")
+            self.available = False
+            return
+        self.available = True
+        self.image_source = ColumnDataSource(
+            data={"image": [np.zeros((1, 1))], "dw": [1], "dh": [1]}
+        )
+        self.line_source = ColumnDataSource(data={"x": [], "y": []})
+        fig = figure(height=240, width=420, tools="reset,save", toolbar_location="right")
+        fig.x_range.only_visible = fig.y_range.only_visible = True
+        mapper = LinearColorMapper(palette=Viridis256)
+        self.image = fig.image(
+            "image", x=0, y=0, dw="dw", dh="dh", source=self.image_source, color_mapper=mapper
+        )
+        self.line = fig.line("x", "y", source=self.line_source, line_width=2)
+        self.line.visible = False
+        self.value_fig = fig
+        self.load_source = ColumnDataSource(data={"xs": [], "ys": [], "color": [], "label": []})
+        load = figure(
+            height=200, width=420, tools="reset,save", x_axis_label="s", y_axis_label="bytes"
+        )
+        load.multi_line("xs", "ys", color="color", legend_field="label", source=self.load_source)
+        load.legend.location = "top_left"
+        self.value_widget = BokehModel(fig)
+        self.load_widget = BokehModel(load)
+
+    def show_value(self, picture: np.ndarray, title: str) -> None:
+        if not self.available:
+            return
+        self.value_fig.title.text = title
+        if picture.ndim == 1:
+            self.line_source.data = {"x": np.arange(picture.size), "y": picture}
+            self.image.visible, self.line.visible = False, True
+        else:
+            rows, cols = picture.shape
+            self.image_source.data = {"image": [picture], "dw": [cols], "dh": [rows]}
+            self.image.visible, self.line.visible = True, False
+
+    def show_load(self, model: MonitorModel) -> None:
+        if not self.available:
+            return
+        with model.lock:
+            series = [(s.server, list(s.history)) for s in model.servers.values()]
+        t0 = min((h[0][0] for _, h in series if h), default=0.0)
+        data: dict[str, list] = {"xs": [], "ys": [], "color": [], "label": []}
+        for i, (server, history) in enumerate(sorted(series, key=lambda x: str(x[0]))):
+            xs = [t - t0 for t, _, _ in history]
+            for j, (direction, column) in enumerate((("in", 1), ("out", 2))):
+                data["xs"].append(xs)
+                data["ys"].append([h[column] for h in history])
+                data["color"].append(_PALETTE[(2 * i + j) % len(_PALETTE)])
+                data["label"].append(f"server {server} {direction}")
+        self.load_source.data = data
+
+
+class Dashboard:
+    """The widgets of one monitor; :attr:`root` is what a cell displays."""
+
+    def __init__(self, rows: int = 30, trace_rows: int = 8) -> None:
+        self.rows = rows
+        self.trace_rows = trace_rows
+        self.header = _html("labkv-header")
+        self.keys = _html("labkv-keys-view")
+        # index=0, not value=None: a Dropdown whose value is None shows no selection
+        self.key_filter = W.Dropdown(options=[("all keys", None)], index=0, description="key")
+        self.op_filter = W.Dropdown(
+            options=[("all ops", None)] + [(op, op) for op in _OPS], index=0, description="op"
+        )
+        self.log = _html("labkv-log-view")
+        self.trace = _html("labkv-trace-view")
+        self.value_key = W.Dropdown(
+            options=[("(first key)", None)], index=0, description="value of"
+        )
+        self.value_caption = _html("labkv-value-caption")
+        self.fanin = _html("labkv-fanin-view")
+        self.servers = _html("labkv-servers-view")
+        self.plots = _Plots()
+        for w in (self.key_filter, self.op_filter):
+            w.observe(self._filters_changed, names="value")
+        self._filters_dirty = True
+        self._known_keys: list[Any] = []
+        self._version = -1
+        self._value_version = -1
+        self.root = W.VBox(
+            [
+                W.HTML(STYLE),
+                self.header,
+                _section("keys", self.keys),
+                W.HBox(
+                    [
+                        _section(
+                            "value", self.value_key, self.plots.value_widget, self.value_caption
+                        ),
+                        _section("updater calls (newest first)", self.trace),
+                    ]
+                ),
+                W.HBox(
+                    [
+                        _section("fan-in (dist_sync round)", self.fanin),
+                        _section("server load", self.servers, self.plots.load_widget),
+                    ]
+                ),
+                _section(
+                    "events (newest first)", W.HBox([self.key_filter, self.op_filter]), self.log
+                ),
+            ]
+        )
+        self.root.add_class("labkv-monitor")
+
+    def _filters_changed(self, _change: Any) -> None:
+        self._filters_dirty = True  # the next tick re-renders the log
+
+    def update(
+        self,
+        model: MonitorModel,
+        value: ValueState,
+        placement: dict[Any, Any],
+        title: str,
+        closed: bool = False,
+    ) -> None:
+        """Re-render what changed since the last call."""
+        changed = model.version != self._version
+        self._version = model.version
+        if changed:
+            with model.lock:
+                counts = " · ".join(f"{esc(op)} {n}" for op, n in sorted(model.counts.items()))
+                keys = list(model.keys)
+                total, dropped = model.events_seen, model.dropped_keys
+            state = " (closed)" if closed else ""
+            extra = f" · {dropped} events of untracked keys" if dropped else ""
+            _set(
+                self.header,
+                value=f"<b>labkv monitor</b> {esc(title)}{state}: {total} events · {counts}{extra}",
+            )
+            _set(
+                self.keys,
+                value=table_html(*keys_table(model, placement), "labkv-keys", "no keys yet"),
+            )
+            _set(
+                self.trace,
+                value=table_html(
+                    *trace_table(model, self.trace_rows), "labkv-trace", "no updater calls yet"
+                ),
+            )
+            _set(
+                self.servers,
+                value=table_html(*servers_table(model), "labkv-servers", "no server events"),
+            )
+            if keys != self._known_keys:
+                self._known_keys = keys
+                self._set_options(self.key_filter, [("all keys", None)], keys)
+                self._set_options(self.value_key, [("(first key)", None)], keys)
+            self.plots.show_load(model)
+        if changed or self._filters_dirty:
+            self._filters_dirty = False
+            log = log_table(model, self.key_filter.value, self.op_filter.value, self.rows)
+            _set(self.log, value=table_html(*log, "labkv-log", "no events yet"))
+        with model.lock:
+            waiting = any(not fan.current()["complete"] for fan in model.fanin.values())
+        if changed or waiting:  # an unfinished round's waiting time keeps growing
+            fan = fanin_table(model, time.time())
+            _set(self.fanin, value=table_html(*fan, "labkv-fanin", "no dist_sync rounds"))
+        if value.version != self._value_version:
+            self._value_version = value.version
+            self._show_value(value)
+
+    def _show_value(self, value: ValueState) -> None:
+        if value.error:
+            _set(self.value_caption, value=f"<span>{esc(value.error)}</span>")
+            return
+        pic = value.picture
+        if pic is None:
+            return
+        shape = "x".join(map(str, value.shape)) or "()"
+        shown = "x".join(map(str, pic.shape))
+        caption = (
+            f"key {fmt_key(value.key)}: {shape} {value.dtype}, shown {shown}; "
+            f"min {fmt_num(float(np.nanmin(pic)))} max {fmt_num(float(np.nanmax(pic)))} "
+            f"mean {fmt_num(float(np.nanmean(pic)))}"
+        )
+        _set(self.value_caption, value=f"<span>{esc(caption)}</span>")
+        self.plots.show_value(pic, f"key {fmt_key(value.key)}")
+
+    @staticmethod
+    def _set_options(widget: W.Dropdown, first: list[tuple[str, Any]], keys: list[Any]) -> None:
+        current = widget.value
+        # Dropdown labels render as text (not HTML), so hostile key names are safe here.
+        options = first + [(fmt_key(k), k) for k in keys]
+        with widget.hold_sync():
+            widget.options = options
+            if current in keys:
+                widget.value = current
+            else:
+                widget.index = 0
+
+    def close(self) -> None:
+        """Close every widget of the dashboard (front-end views disappear)."""
+        for child in self.root.children:
+            _close_tree(child)
+        self.root.close()
+
+
+def _close_tree(widget: W.Widget) -> None:
+    for child in getattr(widget, "children", ()):
+        _close_tree(child)
+    widget.close()

@@ -1,0 +1,67 @@
+"""The notebook the browser test drives: a store, ``monitor(kv)``, then later cells
+that push (kernel thread) and deliver cluster events (a background thread)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+N_PUSH = 60
+
+SETUP = f"""
+import threading, time
+import numpy as np
+import labkv
+from labkv.events import Event
+from labkv.widgets import monitor
+
+HOSTILE = {HOSTILE!r}
+kv = labkv.create("local")
+kv.init("w", np.zeros((4, 8)))
+kv.init(HOSTILE, np.zeros(3))
+
+def update(key, merged, stored):
+    stored += merged * 2
+
+kv.set_updater(update)
+mon = monitor(kv)
+mon
+"""
+
+PUSH = f"""
+for i in range({N_PUSH}):  # a busy cell: the monitor must update while it runs
+    kv.push("w", np.ones((4, 8)))
+    kv.pull("w")
+    time.sleep(0.05)
+kv.push(HOSTILE, np.ones(3))
+"""
+
+CLUSTER = """
+def cluster_events():  # as the Dask client's thread would deliver them
+    t = time.time()
+    kv.events.deliver(Event(0, t, "dist_sync", "round", "w", server=0, extra={
+        "round": 7, "pushed": [0, 1], "missing": [2], "num_workers": 3,
+        "waited_s": 1.5, "complete": False}))
+    for s in (0, 1):
+        kv.events.deliver(Event(0, t, "dist_sync", "load", None, server=s, extra={
+            "bytes_in": 4096 * (s + 1), "bytes_out": 2048, "keys": 1, "bytes_held": 128}))
+
+thread = threading.Thread(target=cluster_events)
+thread.start()
+thread.join()
+print("CELLS DONE")
+"""
+
+
+def build(path: Path) -> None:
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nb.cells = [new_code_cell(src.strip()) for src in (SETUP, PUSH, CLUSTER)]
+    nbformat.write(nb, str(path))

@@ -1,0 +1,136 @@
+"""One real-browser test: JupyterLab headless + Playwright over Debian's chromium.
+
+A notebook creates a store, shows ``monitor(kv)``, pushes from a later (busy)
+cell and delivers cluster events from a background thread; the DOM must show
+the pushes live, the updated value, a missing rank, server load, and the
+hostile key as text. Run alone with ``pytest -m browser``. Locally it skips
+when chromium or playwright is absent; under CI (``CI`` set) it fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.browser._lab import CHROME_ARGS, CHROMIUM, KERNEL_IDLE, RUN_ALL, start_lab, stop_lab
+from tests.browser.monitor_notebook import HOSTILE, N_PUSH, build
+
+pytestmark = pytest.mark.browser
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} not found: apt-get install -y chromium"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "python package playwright not installed: pip install -e '.[test]'"
+    return None
+
+
+# What the test reads from the page: the monitor's tables as text cells.
+SAMPLE = """() => {
+  const rows = sel => [...document.querySelectorAll(sel + ' tbody tr')]
+      .map(tr => [...tr.children].map(td => td.textContent));
+  const txt = sel => { const e = document.querySelector(sel); return e ? e.textContent.trim() : null; };
+  const prompts = [...document.querySelectorAll('.jp-InputPrompt')].map(e => e.textContent.trim());
+  return {keys: rows('.labkv-keys'), fanin: rows('.labkv-fanin'), servers: rows('.labkv-servers'),
+          caption: txt('.labkv-value-caption'), header: txt('.labkv-header'),
+          trace: rows('.labkv-trace'),
+          busy: prompts.filter(p => p.includes('*')).length,
+          out: [...document.querySelectorAll('.jp-OutputArea-output pre')].map(e => e.textContent).join('\\n')};
+}"""
+
+# The value view's heatmap in BokehJS: the largest number of the image data.
+BOKEH_IMAGE_MAX = """() => {
+  let best = null;
+  for (const d of (window.Bokeh && window.Bokeh.documents) || [])
+    for (const m of d.all_models)
+      if ('data' in m && m.data.image && m.data.image.length) {
+        const a = m.data.image[0];
+        const flat = a.array !== undefined ? a.array : (a.flat ? a.flat(Infinity) : a);
+        best = Math.max(...Array.from(flat));
+      }
+  return best;
+}"""
+
+
+def _row(sample: dict, key: str) -> list[str] | None:
+    return next((r for r in sample["keys"] if r and r[0] == key), None)
+
+
+def test_monitor_is_live_in_jupyterlab(tmp_path):
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"the browser test must run in CI: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path / "lab"
+    root.mkdir()
+    build(root / "monitor.ipynb")
+    token = secrets.token_hex(16)
+    proc, base = start_lab(root, token)
+    dialogs: list[str] = []
+    console: list[str] = []
+    samples: list[dict] = []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.goto(f"{base}/lab/tree/monitor.ipynb?token={token}", wait_until="domcontentloaded")
+            page.wait_for_function(KERNEL_IDLE, timeout=60_000)
+            page.evaluate(RUN_ALL)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 45:
+                s = page.evaluate(SAMPLE)
+                s["t"] = round(time.monotonic() - t0, 2)
+                samples.append(s)
+                if "CELLS DONE" in s["out"] and s["fanin"] and s["busy"] == 0:
+                    break
+                page.wait_for_timeout(150)
+            final_w = f"() => {{ const r = [...document.querySelectorAll('.labkv-keys tbody tr')].find(tr => tr.children[0].textContent === 'w'); return !!r && r.children[2].textContent === '{N_PUSH}'; }}"
+            page.wait_for_function(final_w, timeout=15_000)
+            page.wait_for_timeout(400)  # the last 10 Hz tick
+            final = page.evaluate(SAMPLE)
+            image_max = page.evaluate(BOKEH_IMAGE_MAX)
+            hostile_cells = page.locator(".labkv-keys td", has_text=HOSTILE).count()
+            injected = page.evaluate("() => document.querySelectorAll('img[src=\"x\"]').length")
+            js_error = page.get_by_text("Click to show javascript error").count()
+            page.screenshot(path=str(tmp_path / "labkv_monitor.png"), full_page=True)
+            browser.close()
+    finally:
+        stop_lab(proc)
+        (tmp_path / "samples.json").write_text(json.dumps(samples, indent=1))
+        (tmp_path / "console.txt").write_text("\n".join(console))
+        shutil.copy(root / "jupyter.log", tmp_path / "jupyter.log")
+
+    w = _row(final, "w")
+    assert w is not None, final
+    # push, pull, updater counts exact: the monitor's own value reads are not pulls
+    assert w[2:5] == [str(N_PUSH), str(N_PUSH), str(N_PUSH)], w
+    assert w[7:10] == ["120"] * 3, w  # min max mean: 0 + 60 pushes of ones, times 2
+    assert re.search(r"\bmin 120 max 120 mean 120\b", final["caption"] or ""), final["caption"]
+    assert image_max == 2 * N_PUSH, image_max
+    assert final["trace"][0][-1] == "stored += input * 2", final["trace"][0]
+    # live: the busy push cell's counts reached the page while it ran
+    live = {_row(s, "w")[2] for s in samples if s["busy"] and _row(s, "w")}
+    assert len(live - {"0", str(N_PUSH)}) >= 2, sorted(live)
+    # dist views from events delivered on a background thread
+    assert final["fanin"][0][4:] == ["pushed", "pushed", "MISSING"], final["fanin"]
+    assert [r[1] for r in final["servers"]] == ["4.0 KiB", "8.0 KiB"], final["servers"]
+    # the hostile key is text, nothing ran
+    assert hostile_cells >= 1 and injected == 0 and not dialogs, (hostile_cells, injected, dialogs)
+    assert _row(final, HOSTILE)[2] == "1"
+    assert js_error == 0
+    assert (tmp_path / "labkv_monitor.png").stat().st_size > 10_000

@@ -1,0 +1,250 @@
+"""The monitor's event model on real stores and on hand-made cluster events (no front end)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.events import Event, EventBus
+from labkv.widgets import MonitorModel, monitor
+from labkv.widgets._html import table_html
+from labkv.widgets._tables import fanin_table, keys_table, log_table, servers_table, trace_table
+
+SHAPE = (2, 3)
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def run_tutorial(kv) -> None:
+    """The MXNet KVStore tutorial's cells, on 4 simulated devices."""
+    devs = labkv.devices(4)
+    a = labkv.zeros(SHAPE)
+    kv.init(3, labkv.ones(SHAPE) * 2)
+    kv.pull(3, out=a)
+    kv.push(3, labkv.ones(SHAPE) * 8)
+    kv.pull(3, out=a)
+    kv.push(3, [labkv.ones(SHAPE, device=d) for d in devs])
+    kv.pull(3, out=a)
+
+    def update(key, merged, stored):
+        stored += merged * 2
+
+    kv.set_updater(update)
+    kv.pull(3, out=a)
+    kv.push(3, labkv.ones(SHAPE))
+    kv.pull(3, out=a)
+    kv.pull(3, out=[labkv.ones(SHAPE, device=d) for d in devs])
+    keys = [5, 7, 9]
+    kv.init(keys, [labkv.ones(SHAPE)] * 3)
+    kv.push(keys, [labkv.ones(SHAPE)] * 3)
+    kv.pull(keys, out=[labkv.zeros(SHAPE) for _ in keys])
+    kv.push(keys, [[labkv.ones(SHAPE, device=d) for d in devs] for _ in keys])
+    kv.pull(keys, out=[[labkv.zeros(SHAPE, device=d) for d in devs] for _ in keys])
+
+
+@pytest.mark.parametrize("kind", ["local", "device"])
+def test_per_key_table_after_the_tutorial_is_exact(kind):
+    kv = labkv.create(kind)
+    mon = monitor(kv)
+    run_tutorial(kv)
+    model = mon.model
+    model.flush()
+    nb = 4 * 6  # float32 (2, 3)
+    k3 = model.keys[3]
+    assert (k3.inits, k3.pushes, k3.pulls, k3.updates) == (1, 3, 6, 1)
+    assert k3.bytes_in == nb * (1 + 4 + 1)  # one push of 1, one of 4 devices, one of 1
+    assert k3.bytes_out == nb * (5 + 4)  # five pulls into one array, one into four
+    assert k3.value == pytest.approx({"min": 6, "max": 6, "mean": 6, "norm": 6 * 6**0.5})
+    for key in (5, 7, 9):
+        s = model.keys[key]
+        assert (s.inits, s.pushes, s.pulls, s.updates) == (1, 2, 2, 2)
+        assert s.bytes_in == nb * (1 + 4) and s.bytes_out == nb * (1 + 4)
+        assert s.value["mean"] == 11  # 1 + 1*2 + 4*2
+    assert model.counts == {"init": 4, "push": 9, "pull": 12, "update": 7}
+    mon.close()
+    assert not kv.events.active
+
+
+def test_updater_trace_reads_as_the_tutorial_updater():
+    kv = labkv.create("local")
+    mon = monitor(kv)
+    run_tutorial(kv)
+    mon.model.flush()
+    headers, rows = trace_table(mon.model)
+    assert [r[1] for r in rows] == ["9", "7", "5", "9", "7", "5", "3"]  # newest first
+    assert {r[-1] for r in rows} == {"stored += input * 2"}
+    first = rows[-1]  # key 3: stored 4, input 1 -> 6
+    assert first[3:6] == ["1 (1..1)", "4 (4..4)", "6 (6..6)"]
+    last = rows[0]  # key 9: stored 3, input 4 (summed over devices) -> 11
+    assert last[3:6] == ["4 (4..4)", "3 (3..3)", "11 (11..11)"]
+    mon.close()
+
+
+def test_optimizer_steps_are_updater_calls():
+    kv = labkv.create("local")
+    mon = monitor(kv)
+    kv.init("w", np.ones(4))
+    kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5))
+    for _ in range(3):
+        kv.push("w", np.ones(4))
+    mon.model.flush()
+    stats = mon.model.keys["w"]
+    assert (stats.pushes, stats.updates) == (3, 3)
+    assert stats.value["mean"] == pytest.approx(1 - 3 * 0.5)
+    rows = trace_table(mon.model)[1]
+    assert rows[0][2] == "optimizer sgd" and rows[0][-1] == "stored += input * -0.5"
+    mon.close()
+
+
+def test_log_is_newest_first_filterable_and_bounded():
+    model = MonitorModel(log_size=50)
+    kv = labkv.create("local")
+    kv.events.subscribe(model.on_event)
+    kv.init(["a", "b"], [np.zeros(2), np.zeros(2)])
+    for i in range(100):
+        kv.push("a" if i % 2 else "b", np.ones(2))
+    kv.pull("a")
+    model.flush()
+    assert len(model.log) == 50 and model.keys["a"].pushes == 50
+    seqs = [e.seq for e in model.events(limit=10)]
+    assert seqs == sorted(seqs, reverse=True)
+    assert {e.key for e in model.events(key="a", limit=100)} == {"a"}
+    assert [e.op for e in model.events(key="a", op="pull")] == ["pull"]
+    headers, rows = log_table(model, op="push", limit=5)
+    assert len(rows) == 5 and {r[2] for r in rows} == {"push"}
+
+
+def test_pending_events_stay_bounded_without_a_flush():
+    model = MonitorModel(max_pending=100)
+    bus = EventBus("s")
+    bus.subscribe(model.on_event)
+    for _ in range(1050):
+        bus.emit("push", "k", nbytes=8)
+        assert model.pending < 100
+    model.flush()
+    assert model.keys["k"].pushes == 1050 and model.keys["k"].bytes_in == 8 * 1050
+
+
+def test_events_from_a_background_thread_are_counted_exactly():
+    kv = labkv.create("local")
+    mon = monitor(kv)
+    kv.init(["a", "b"], [np.zeros(3), np.zeros(3)])
+
+    def worker(key):
+        for _ in range(300):
+            kv.events.deliver(Event(0, 0.0, "cluster", "push", key, rank=1, server=0, nbytes=4))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in "ab"]
+    for t in threads:
+        t.start()
+    for _ in range(50):
+        kv.push("a", np.ones(3))
+    for t in threads:
+        t.join()
+    mon.model.flush()
+    assert mon.model.keys["a"].pushes == 350 and mon.model.keys["b"].pushes == 300
+    assert mon.model.servers[0].bytes_in == 600 * 4  # derived from push events naming server 0
+    mon.close()
+
+
+def _round(key, server, rnd, pushed, workers, complete=False, waited=0.5, t=100.0):
+    missing = [r for r in range(workers) if r not in pushed]
+    extra = {
+        "round": rnd,
+        "pushed": list(pushed),
+        "missing": [] if complete else missing,
+        "num_workers": workers,
+        "waited_s": waited,
+        "complete": complete,
+    }
+    return Event(0, t, "dist_sync", "round", key, server=server, extra=extra)
+
+
+def test_fanin_grid_shows_the_rank_held_back_as_missing():
+    model = MonitorModel()
+    for ev in (
+        _round("w", 0, 4, [0, 1], 3),  # rank 2 has not pushed key w's slice on server 0
+        _round("w", 1, 4, [0, 1, 2], 3),
+        _round("b", 1, 4, [0, 1, 2], 3, complete=True),
+    ):
+        model.on_event(ev)
+    model.flush()
+    headers, rows = fanin_table(model, now=102.0)
+    assert headers == ["key", "round", "waited", "state", "rank 0", "rank 1", "rank 2"]
+    assert rows[0] == ["w", "4", "2.5 s", "waiting for 1", "pushed", "pushed", "MISSING"]
+    assert rows[1] == ["b", "4", "0.5 s", "complete", "pushed", "pushed", "pushed"]
+    html = table_html(headers, rows, "labkv-fanin")
+    assert '<td class="labkv-missing">MISSING</td>' in html
+    model.on_event(_round("w", 0, 4, [0, 1, 2], 3, complete=True, t=103.0))
+    model.on_event(_round("w", 1, 4, [0, 1, 2], 3, complete=True, t=103.0))
+    model.flush()
+    assert fanin_table(model, now=110.0)[1][0][3:] == ["complete", "pushed", "pushed", "pushed"]
+    model.on_event(_round("w", 0, 5, [2], 3, t=111.0))  # next round started on one server
+    model.flush()
+    assert fanin_table(model, now=111.0)[1][0][1:] == ["5", "0.5 s", "waiting for 2"] + [
+        "MISSING",
+        "MISSING",
+        "pushed",
+    ]
+
+
+def test_server_load_from_load_events():
+    model = MonitorModel()
+    for t, (bin_, bout) in enumerate([(100, 0), (300, 50), (700, 150)]):
+        for server in (0, 1):
+            extra = {
+                "bytes_in": bin_ * (server + 1),
+                "bytes_out": bout,
+                "keys": 2,
+                "bytes_held": 64,
+            }
+            model.on_event(
+                Event(t, float(t), "dist_sync", "load", None, server=server, extra=extra)
+            )
+    # push events naming a server that reports its own counters do not add to them
+    model.on_event(Event(9, 9.0, "dist_sync", "push", "w", server=0, nbytes=10_000))
+    model.flush()
+    rows = servers_table(model)[1]
+    assert rows == [["0", "700 B", "150 B", "2", "64 B"], ["1", "1.4 KiB", "150 B", "2", "64 B"]]
+    assert [h[1] for h in model.servers[1].history] == [200, 600, 1400]
+    assert "load" not in {e.op for e in model.log}  # load ticks do not crowd the event log
+
+
+def test_hostile_key_names_are_escaped_in_html():
+    kv = labkv.create("local")
+    mon = monitor(kv)
+    kv.init(HOSTILE, np.zeros(3))
+    kv.push(HOSTILE, np.ones(3))
+    mon.model.flush()
+    for headers, rows in (keys_table(mon.model), log_table(mon.model)):
+        html = table_html(headers, rows, "x")
+        assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert HOSTILE in str(mon)  # the text rendering shows it as it is
+    mon.close()
+
+
+def test_text_summary_without_a_front_end():
+    kv = labkv.create("local")
+    mon = monitor(kv)
+    run_tutorial(kv)
+    text = mon.summary(events=3)
+    assert text.startswith("labkv monitor local: 32 events (init 4, pull 12, push 9, update 7)")
+    assert "stored += input * 2" in text and "cpu(0)" in text
+    assert str(mon) == mon.summary() and "watching" in repr(mon)
+    mon.close()
+    assert "closed" in repr(mon)
+
+
+def test_reattach_to_a_new_store_forgets_the_old_one():
+    kv1, kv2 = labkv.create("local"), labkv.create("local")
+    mon = monitor(kv1)
+    kv1.init(1, np.zeros(2))
+    mon.attach(kv2)
+    kv1.push(1, np.ones(2))
+    kv2.init(2, np.zeros(2))
+    mon.model.flush()
+    assert list(mon.model.keys) == [2] and not kv1.events.active
+    mon.close()
+    assert not kv2.events.active

@@ -1,0 +1,198 @@
+"""Dashboard widget state without a browser: trait values after real store calls."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.events import Event
+from labkv.widgets import monitor
+from tests.test_widgets_model import HOSTILE, SHAPE, _round, run_tutorial
+
+W = pytest.importorskip("ipywidgets")
+pytest.importorskip("jupyter_bokeh")
+
+
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+@pytest.fixture
+def watched():
+    kv = labkv.create("local")
+    mon = monitor(kv, hz=20)
+    yield kv, mon
+    mon.close()
+
+
+def test_dashboard_shows_the_tutorial(watched):
+    kv, mon = watched
+    root = mon.widget
+    assert isinstance(root, W.VBox) and "labkv-monitor" in root._dom_classes
+    run_tutorial(kv)
+    mon.refresh()
+    d = mon._dashboard
+    assert "32 events" in d.header.value and "update 7" in d.header.value
+    assert "<td>3</td><td>2x3</td><td>3</td><td>6</td><td>1</td>" in d.keys.value
+    assert d.trace.value.count("stored += input * 2") == 7
+    assert d.value_caption.value.startswith("<span>key 3: 2x3 float32")
+    assert "min 6 max 6 mean 6" in d.value_caption.value
+    np.testing.assert_array_equal(d.plots.image_source.data["image"][0], np.full(SHAPE, 6.0))
+    assert d.plots.image.visible and not d.plots.line.visible
+    # the monitor's own reads of the value never count as pulls
+    assert mon.model.keys[3].pulls == 6
+    assert [label for label, _ in d.key_filter.options] == ["all keys", "3", "5", "7", "9"]
+
+
+def test_filters_rerender_the_log(watched):
+    kv, mon = watched
+    _ = mon.widget
+    kv.init(["a", "b"], [np.zeros(2), np.zeros(2)])
+    kv.push(["a", "b"], [np.ones(2), np.ones(2)])
+    kv.pull("b")
+    mon.refresh()
+    d = mon._dashboard
+    d.key_filter.value = "b"
+    d.op_filter.value = "pull"
+    mon.refresh()
+    assert d.log.value.count("<tr>") == 2  # header + the one pull of b
+    assert "<td>pull</td><td>b</td>" in d.log.value
+    d.key_filter.value = None
+    d.op_filter.value = None
+    mon.refresh()
+    assert d.log.value.count("<tr>") == 1 + 5
+
+
+def test_value_view_follows_the_chosen_key_and_downsamples(watched):
+    kv, mon = watched
+    _ = mon.widget
+    kv.init(["vec", "big"], [np.arange(10.0), np.ones((1000, 500))])
+    mon.select("vec")
+    mon.refresh()
+    d = mon._dashboard
+    assert d.plots.line.visible and not d.plots.image.visible
+    np.testing.assert_array_equal(d.plots.line_source.data["y"], np.arange(10.0))
+    d.value_key.value = "big"
+    kv.push("big", np.full((1000, 500), 3.0))
+    mon.refresh()
+    assert mon.value[0] == "big" and mon.value[1].shape == (91, 84)
+    assert "1000x500 float64, shown 91x84" in d.value_caption.value
+    assert "mean 3" in d.value_caption.value
+    assert mon.model.keys["big"].pulls == 0
+
+
+def test_updates_arrive_live_from_a_background_thread_at_bounded_rate(watched):
+    kv, mon = watched
+    _ = mon.widget
+    d = mon._dashboard
+    kv.init("k", np.zeros(3))
+    header_writes = []
+    d.header.observe(lambda change: header_writes.append(change["new"]), names="value")
+
+    def pusher():
+        for _ in range(2000):
+            kv.push("k", np.ones(3))
+
+    t0 = time.monotonic()
+    thread = threading.Thread(target=pusher)
+    thread.start()
+    thread.join()
+    assert wait_for(lambda: "<td>k</td><td>3</td><td>2000</td>" in d.keys.value)
+    elapsed = time.monotonic() - t0
+    # the 20 Hz ticker, not the 2000 pushes, paces the writes
+    assert 1 <= len(header_writes) <= elapsed * 20 + 3
+
+
+def test_dist_views_from_cluster_events_on_another_thread(watched):
+    kv, mon = watched
+    _ = mon.widget
+    d = mon._dashboard
+    events = [_round("w", 0, 1, [0, 2], 3, t=time.time())]
+    events += [
+        Event(
+            0,
+            time.time(),
+            "dist_sync",
+            "load",
+            None,
+            server=s,
+            extra={"bytes_in": 2048 * (s + 1), "bytes_out": 1024, "keys": 1, "bytes_held": 4096},
+        )
+        for s in (0, 1)
+    ]
+    thread = threading.Thread(target=kv.events.deliver_many, args=(events,))
+    thread.start()
+    thread.join()
+    assert wait_for(lambda: "labkv-missing" in d.fanin.value)
+    assert (
+        '<td class="labkv-pushed">pushed</td><td class="labkv-missing">MISSING</td>'
+        in d.fanin.value
+    )
+    assert "<td>1</td><td>4.0 KiB</td><td>1.0 KiB</td>" in d.servers.value
+    assert d.plots.load_source.data["label"] == [
+        "server 0 in",
+        "server 0 out",
+        "server 1 in",
+        "server 1 out",
+    ]
+    first = d.fanin.value
+    assert wait_for(lambda: d.fanin.value != first)  # the waiting time keeps counting
+
+
+def test_hostile_key_is_text_in_every_widget(watched):
+    kv, mon = watched
+    _ = mon.widget
+    kv.init(HOSTILE, np.zeros(3))
+    kv.push(HOSTILE, np.ones(3))
+    mon.refresh()
+    d = mon._dashboard
+    for html in (d.keys.value, d.log.value, d.value_caption.value, d.header.value):
+        assert "<img" not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in d.keys.value
+    assert (HOSTILE, HOSTILE) in d.key_filter.options  # Dropdown labels render as text
+
+
+def test_display_again_close_and_reattach():
+    kv = labkv.create("local")
+    mon = monitor(kv, hz=20)
+    root = mon.widget
+    assert mon.widget is root and mon._ticker.running
+    mon.close()
+    assert root.comm is None and not mon._ticker.running and not kv.events.active
+    mon.close()  # idempotent
+    kv2 = labkv.create("local")
+    mon.attach(kv2)
+    root2 = mon.widget
+    assert root2 is not root and mon._ticker.running
+    kv2.init("z", np.zeros(2))
+    assert wait_for(lambda: "<td>z</td>" in mon._dashboard.keys.value)
+    mon.attach(labkv.create("local"))  # moving on clears the tables
+    assert wait_for(lambda: "no keys yet" in mon._dashboard.keys.value)
+    mon.close()
+
+
+def test_bokehjs_is_loaded_before_the_widget_is_shown(monkeypatch):
+    from labkv.widgets import _monitor
+
+    shown = []
+    monkeypatch.setattr(_monitor, "_bokehjs_loaded", False)
+    monkeypatch.setattr("bokeh.io.output_notebook", lambda **kw: shown.append(("bokehjs", kw)))
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    mon = monitor(labkv.create("local"))
+    mon._ipython_display_()
+    mon._ipython_display_()
+    assert [s[0] if isinstance(s, tuple) else s for s in shown] == [
+        "bokehjs",
+        mon.widget,
+        mon.widget,
+    ]
+    mon.close()
