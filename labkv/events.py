@@ -63,6 +63,7 @@ class Event:
     after: dict[str, float] | None = None
     server: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    count: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """The event as plain Python data (JSON-able), e.g. to send it between processes."""
@@ -86,8 +87,21 @@ def summarize(array: Any) -> dict[str, float]:
     if array.size == 0:
         return {"min": math.nan, "max": math.nan, "mean": math.nan, "norm": 0.0}
     xp = array_module(array)
-    values = array.astype(np.float64, copy=False)
-    stats = xp.stack([values.min(), values.max(), values.mean(), xp.sqrt((values * values).sum())])
+    flat = array.reshape(-1)
+    if flat.dtype.kind == "c":
+        flat = xp.abs(flat)
+    elif flat.dtype.kind != "f":
+        flat = flat.astype(np.float64)
+    # Min/max in the array's own dtype, the mean accumulated in float64 and the norm
+    # from one dot product: no float64 copy of a float32 array (this runs per event).
+    stats = xp.stack(
+        [
+            flat.min().astype(np.float64),
+            flat.max().astype(np.float64),
+            flat.mean(dtype=np.float64),
+            xp.sqrt(xp.vdot(flat, flat).real.astype(np.float64)),
+        ]
+    )
     stats = stats.get() if is_cupy(stats) else stats
     return dict(zip(("min", "max", "mean", "norm"), (float(s) for s in stats), strict=True))
 
@@ -95,9 +109,17 @@ def summarize(array: Any) -> dict[str, float]:
 class Subscription:
     """Handle returned by :meth:`EventBus.subscribe`; a context manager."""
 
-    def __init__(self, bus: EventBus, callback: Callable[[Event], Any]):
+    def __init__(
+        self,
+        bus: EventBus,
+        callback: Callable[[Event], Any],
+        detail_interval: float = 0.0,
+        detail_burst: int = 1,
+    ):
         self.bus = bus
         self.callback = callback
+        self.detail_interval = detail_interval
+        self.detail_burst = detail_burst
 
     def unsubscribe(self) -> None:
         """Stop receiving events (idempotent)."""
@@ -130,17 +152,41 @@ class EventBus:
     def __init__(self, store_id: str, ring_size: int = 1000):
         self.store_id = store_id
         self.active = False
+        self.detail_interval = 0.0
+        self.detail_burst = 1
         self._recording = False
         self._subscribers: tuple[Subscription, ...] = ()
         self._ring: deque[Event] = deque(maxlen=ring_size)
         self._seq = itertools.count()
         self._lock = threading.Lock()
+        self._tally_lock = threading.Lock()
+        self._tallies: dict[tuple, list] = {}
+        #: ``peek(key) -> array`` set by a store whose values can be read cheaply
+        #: here; :meth:`flush` then gives tallied changes a fresh value summary.
+        self.peek: Callable[[Key], Any] | None = None
 
-    def subscribe(self, callback: Callable[[Event], Any]) -> Subscription:
-        """Call ``callback(event)`` for every event from now on."""
+    def subscribe(
+        self,
+        callback: Callable[[Event], Any],
+        detail_interval: float = 0.0,
+        detail_burst: int = 1,
+    ) -> Subscription:
+        """Call ``callback(event)`` for every event from now on.
+
+        With ``detail_interval`` > 0 the subscriber says it needs at most
+        ``detail_burst`` detailed events per op, key, rank and server in every
+        ``detail_interval`` seconds (a live view refreshing at 10 Hz needs no
+        more): further calls in that time are only counted, and the next event
+        carries their ``count`` and bytes, or :meth:`flush` delivers them. This
+        keeps a busy watched store fast while calls at human pace all arrive in
+        detail. The bus follows the most demanding subscriber (interval 0:
+        every call is an event).
+        """
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        handle = Subscription(self, callback)
+        if detail_interval < 0 or detail_burst < 1:
+            raise ValueError("detail_interval must be >= 0 and detail_burst >= 1")
+        handle = Subscription(self, callback, float(detail_interval), int(detail_burst))
         with self._lock:
             self._subscribers = (*self._subscribers, handle)
             self._refresh()
@@ -160,6 +206,87 @@ class EventBus:
 
     def _refresh(self) -> None:
         self.active = self._recording or bool(self._subscribers)
+        wanted = [s.detail_interval for s in self._subscribers]
+        self.detail_interval = 0.0 if self._recording or not wanted else min(wanted)
+        self.detail_burst = max((s.detail_burst for s in self._subscribers), default=1)
+
+    def admit(
+        self, op: str, key: Key | None, nbytes: int, rank: int = 0, server: int | None = None
+    ) -> tuple[int, int] | None:
+        """Whether a call gets a detailed event now: ``(count, nbytes)`` of the
+        calls that event stands for, or ``None`` when the call was only tallied
+        (see ``detail_interval`` in :meth:`subscribe`). Call it only when
+        :attr:`active`.
+
+        >>> bus = EventBus("s")
+        >>> _ = bus.subscribe(lambda e: None, detail_interval=60)
+        >>> bus.admit("push", 1, 8), bus.admit("push", 1, 8), bus.admit("push", 1, 8)
+        ((1, 8), None, None)
+        """
+        interval = self.detail_interval
+        if not interval:
+            return 1, nbytes
+        now = time.monotonic()
+        slot = self._tallies.get((op, key, rank, server))
+        # slot: [calls, bytes, calls reported, bytes reported, window start, details used].
+        # Only the calling thread adds to calls/bytes, without a lock (the common,
+        # cheap path); what was reported changes under the lock, here or in flush().
+        if slot is not None and now - slot[4] < interval and slot[5] >= self.detail_burst:
+            slot[0] += 1
+            slot[1] += nbytes
+            return None
+        with self._tally_lock:
+            if slot is None:
+                self._tallies[(op, key, rank, server)] = [1, nbytes, 1, nbytes, now, 1]
+                return 1, nbytes
+            if now - slot[4] >= interval:
+                slot[4], slot[5] = now, 0
+            slot[0] += 1
+            slot[1] += nbytes
+            slot[5] += 1
+            count, total = slot[0] - slot[2], slot[1] - slot[3]
+            slot[2], slot[3] = slot[0], slot[1]
+            return count, total
+
+    def flush(self) -> int:
+        """Deliver the calls tallied since their last detailed event, as one
+        ``count``-carrying event per op and key (``extra['tally']`` True, and
+        ``summary`` the key's current value where the store lets the bus
+        :attr:`peek`); returns how many events that made.
+
+        >>> bus = EventBus("s"); got = []
+        >>> _ = bus.subscribe(got.append, detail_interval=60)
+        >>> for _ in range(3):
+        ...     if bus.admit("push", 1, 8):
+        ...         _ = bus.emit("push", 1, nbytes=8)
+        >>> bus.flush(), [(e.count, e.nbytes) for e in got]
+        (1, [(1, 8), (2, 16)])
+        """
+        due = []
+        with self._tally_lock:
+            for k, slot in list(self._tallies.items()):
+                calls, nbytes = slot[0], slot[1]
+                if calls != slot[2]:
+                    due.append((k, calls - slot[2], nbytes - slot[3]))
+                    slot[2], slot[3] = calls, nbytes
+        peek = self.peek
+        for (op, key, rank, server), count, nbytes in due:
+            summary = summarize(peek(key)) if peek is not None and server is None else None
+            event = Event(
+                next(self._seq),
+                time.time(),
+                self.store_id,
+                op,
+                key,
+                rank=rank,
+                server=server,
+                nbytes=nbytes,
+                count=count,
+                summary=summary,
+                extra={"tally": True},
+            )
+            self.deliver(event)
+        return len(due)
 
     def recent(self, n: int | None = None) -> list[Event]:
         """The last ``n`` events kept (all of the ring when ``n`` is None), oldest first."""
@@ -181,8 +308,10 @@ class EventBus:
             fields.setdefault("shape", tuple(value.shape))
             fields.setdefault("dtype", str(value.dtype))
             fields.setdefault("nbytes", int(value.nbytes))
-            fields.setdefault("devices", (str(device_of(value)),))
-            fields.setdefault("summary", summarize(value))
+            if "devices" not in fields:
+                fields["devices"] = (str(device_of(value)),)
+            if "summary" not in fields:
+                fields["summary"] = summarize(value)
         event = Event(next(self._seq), time.time(), self.store_id, op, key, **fields)
         self.deliver(event)
         return event

@@ -35,6 +35,7 @@ class LocalStore(KVStore):
         super().__init__(kvtype)
         self._shard = Shard(self.events, defer_events=True)
         self._homes = HomeDevices()
+        self.events.peek = self._shard.read
 
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
         placed = []
@@ -121,6 +122,19 @@ class LocalStore(KVStore):
             ]
             for key, (shape, _) in self._meta.items()
         }
+
+    def peek(self, key: Key) -> Any:
+        """A copy of ``key``'s value that is not a pull: no event, nothing counted
+        (what a monitor uses to draw a value).
+
+        >>> import labkv, numpy as np
+        >>> kv = labkv.create()
+        >>> kv.init(0, np.ones(2))
+        >>> kv.peek(0)
+        array([1., 1.])
+        """
+        self._check_known([key])
+        return self._shard.read(key).copy()
 
     def home_device(self, key: Key) -> Device:
         """The device that holds ``key``'s value (its home GPU on a ``device`` store)."""

@@ -114,10 +114,15 @@ class Shard:
             grad = self._merged(key, values)
             if key not in self.states:
                 self.states[key] = optimizer.create_state(key, weight)
-            before = summarize(weight) if watch else None
+            admitted = watch and self.events.admit(
+                "optimizer", key, int(grad.nbytes), self.rank, self.server
+            )
+            before = summarize(weight) if admitted else None
             optimizer.update(key, weight, grad, self.states[key])
-            if watch:
-                self._emit("optimizer", key, grad, before, weight, optimizer=optimizer.name)
+            if admitted:
+                self._emit(
+                    "optimizer", key, grad, before, weight, admitted, optimizer=optimizer.name
+                )
 
     def _apply_updater(self, batch: Sequence[tuple[Key, Sequence[Any]]]) -> None:
         watch = self.events is not None and self.events.active
@@ -133,11 +138,32 @@ class Shard:
         if watch:
             for key, candidate in updated.items():
                 merged = self._merge_buffers[key]
-                self._emit("update", key, merged, summarize(previous[key]), candidate)
+                admitted = self.events.admit(
+                    "update", key, int(merged.nbytes), self.rank, self.server
+                )
+                if admitted:
+                    before = summarize(previous[key])
+                    self._emit("update", key, merged, before, candidate, admitted)
 
-    def _emit(self, op: str, key: Key, merged: Any, before: Any, after: Any, **extra: Any) -> None:
+    def _emit(
+        self,
+        op: str,
+        key: Key,
+        merged: Any,
+        before: Any,
+        after: Any,
+        admitted: tuple[int, int] = (1, 0),
+        **extra: Any,
+    ) -> None:
+        count, nbytes = admitted
         fields = dict(
-            rank=self.rank, server=self.server, before=before, after=summarize(after), extra=extra
+            rank=self.rank,
+            server=self.server,
+            before=before,
+            after=summarize(after),
+            extra=extra,
+            count=count,
+            nbytes=nbytes,
         )
         if self.defer_events:
             self._deferred.append(((op, key, merged), fields))
@@ -146,6 +172,8 @@ class Shard:
 
     def flush_events(self) -> None:
         """Emit the update events held back by ``defer_events``."""
+        if not self._deferred:
+            return
         deferred, self._deferred = self._deferred, []
         for args, fields in deferred:
             self.events.emit(*args, **fields)

@@ -58,6 +58,7 @@ class KVStore:
         self._id = f"{kvtype}-{uuid.uuid4().hex[:8]}"
         self.events = EventBus(self._id)
         self._meta: dict[Key, tuple[tuple[int, ...], np.dtype]] = {}
+        self._sizes: dict[Key, int] = {}
         self._key_kind: type | None = None
         self._compression: GradientCompression | None = None
         self._optimizer: Optimizer | None = None
@@ -208,24 +209,42 @@ class KVStore:
         self._push_impl(sent)
         if commit is not None:
             commit()
-        if self.events.active:
+        events = self.events
+        if events.active:
+            rank = self.rank
             for k, values in items:
-                self._emit_push(k, values)
+                admitted = events.admit("push", k, self._nbytes(k) * len(values), rank)
+                if admitted:
+                    self._emit_push(k, values, *admitted)
             self._flush_events()
 
-    def _emit_push(self, key: Key, values: list[Any]) -> None:
-        total = values[0].astype(np.float64) if len(values) > 1 else values[0]
-        for v in values[1:]:
-            total = total + v
+    def _nbytes(self, key: Key) -> int:
+        """Bytes of one array of ``key`` (cached: this runs on every watched call)."""
+        nbytes = self._sizes.get(key)
+        if nbytes is None:
+            shape, dtype = self._meta[key]
+            nbytes = self._sizes[key] = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return nbytes
+
+    def _emit_push(self, key: Key, values: list[Any], count: int, nbytes: int) -> None:
+        per_device = [summarize(v) for v in values]
+        if len(values) == 1:
+            total = per_device[0]
+        else:
+            merged = values[0].astype(np.float64)
+            for v in values[1:]:
+                merged = merged + v
+            total = summarize(merged)
         self.events.emit(
             "push",
             key,
             values[0],
             rank=self.rank,
             devices=tuple(str(device_of(v)) for v in values),
-            nbytes=sum(int(v.nbytes) for v in values),
-            summary=summarize(total),
-            extra={"per_device": [summarize(v) for v in values]},
+            nbytes=nbytes,
+            count=count,
+            summary=total,
+            extra={"per_device": per_device},
         )
 
     # -- pull ----------------------------------------------------------------
@@ -263,16 +282,21 @@ class KVStore:
 
     def _pull_items(self, items: Items) -> None:
         self._pull_impl(items)
-        if self.events.active:
+        events = self.events
+        if events.active:
+            rank = self.rank
             for k, outs in items:
-                self.events.emit(
-                    "pull",
-                    k,
-                    outs[0],
-                    rank=self.rank,
-                    devices=tuple(str(device_of(o)) for o in outs),
-                    nbytes=sum(int(o.nbytes) for o in outs),
-                )
+                admitted = events.admit("pull", k, self._nbytes(k) * len(outs), rank)
+                if admitted:
+                    events.emit(
+                        "pull",
+                        k,
+                        outs[0],
+                        rank=rank,
+                        devices=tuple(str(device_of(o)) for o in outs),
+                        count=admitted[0],
+                        nbytes=admitted[1],
+                    )
 
     def pushpull(
         self, key: Key | Sequence[Key], value: Any, out: Any = None, priority: int = 0

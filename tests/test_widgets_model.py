@@ -50,7 +50,7 @@ def test_per_key_table_after_the_tutorial_is_exact(kind):
     mon = monitor(kv)
     run_tutorial(kv)
     model = mon.model
-    model.flush()
+    mon.refresh()
     nb = 4 * 6  # float32 (2, 3)
     k3 = model.keys[3]
     assert (k3.inits, k3.pushes, k3.pulls, k3.updates) == (1, 3, 6, 1)
@@ -71,7 +71,7 @@ def test_updater_trace_reads_as_the_tutorial_updater():
     kv = labkv.create("local")
     mon = monitor(kv)
     run_tutorial(kv)
-    mon.model.flush()
+    mon.refresh()
     headers, rows = trace_table(mon.model)
     assert [r[1] for r in rows] == ["9", "7", "5", "9", "7", "5", "3"]  # newest first
     assert {r[-1] for r in rows} == {"stored += input * 2"}
@@ -89,7 +89,7 @@ def test_optimizer_steps_are_updater_calls():
     kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5))
     for _ in range(3):
         kv.push("w", np.ones(4))
-    mon.model.flush()
+    mon.refresh()
     stats = mon.model.keys["w"]
     assert (stats.pushes, stats.updates) == (3, 3)
     assert stats.value["mean"] == pytest.approx(1 - 3 * 0.5)
@@ -143,7 +143,7 @@ def test_events_from_a_background_thread_are_counted_exactly():
         kv.push("a", np.ones(3))
     for t in threads:
         t.join()
-    mon.model.flush()
+    mon.refresh()
     assert mon.model.keys["a"].pushes == 350 and mon.model.keys["b"].pushes == 300
     assert mon.model.servers[0].bytes_in == 600 * 4  # derived from push events naming server 0
     mon.close()
@@ -217,7 +217,7 @@ def test_hostile_key_names_are_escaped_in_html():
     mon = monitor(kv)
     kv.init(HOSTILE, np.zeros(3))
     kv.push(HOSTILE, np.ones(3))
-    mon.model.flush()
+    mon.refresh()
     for headers, rows in (keys_table(mon.model), log_table(mon.model)):
         html = table_html(headers, rows, "x")
         assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
@@ -244,7 +244,7 @@ def test_reattach_to_a_new_store_forgets_the_old_one():
     mon.attach(kv2)
     kv1.push(1, np.ones(2))
     kv2.init(2, np.zeros(2))
-    mon.model.flush()
+    mon.refresh()
     assert list(mon.model.keys) == [2] and not kv1.events.active
     mon.close()
     assert not kv2.events.active

@@ -199,13 +199,16 @@ class MonitorModel:
     # -- folding (under the lock) -----------------------------------------------
     def _fold(self, e: Event) -> None:
         op = e.op
-        self.counts[op] += 1
-        self.events_seen += 1
+        count = e.count
+        self.counts[op] += count
+        self.events_seen += count
         self.last_time = max(self.last_time, e.time)
         if op == "load":
             self._fold_load(e)
             return
-        self.log.append(e)
+        tally = e.extra.get("tally", False)  # counted calls only: no detail to show
+        if not tally:
+            self.log.append(e)
         if op == "round":
             if e.key is not None:
                 fan = self.fanin.get(e.key) or self.fanin.setdefault(e.key, FanIn(e.key))
@@ -223,15 +226,18 @@ class MonitorModel:
             stats = self.keys[e.key] = KeyStats(e.key)
         if e.shape:
             stats.shape, stats.dtype = e.shape, e.dtype or stats.dtype
+        if tally:
+            self._fold_tally(stats, e)
+            return
         if op == "push":
-            stats.pushes += 1
+            stats.pushes += count
             stats.bytes_in += e.nbytes
             # With no updater the stored value is the pushed sum; with one, the
             # update event (emitted before the push event) already set it.
             if e.server is None and not stats.has_updater and e.summary is not None:
                 stats.value = e.summary
         elif op == "pull":
-            stats.pulls += 1
+            stats.pulls += count
             stats.bytes_out += e.nbytes
             if e.summary is not None and e.server is None:
                 stats.value = e.summary
@@ -239,13 +245,28 @@ class MonitorModel:
             stats.inits += 1
             stats.value = e.summary
         elif op in UPDATER_OPS:
-            stats.updates += 1
+            stats.updates += count
             stats.has_updater = True
             stats.value = e.after
             self.trace.append(e)
         if op in CHANGING_OPS:
             stats.last_op, stats.last_change = op, e.time
             self.changed.add(e.key)
+
+    def _fold_tally(self, stats: KeyStats, e: Event) -> None:
+        """Calls the bus only counted: counts and bytes, no values."""
+        if e.op == "push":
+            stats.pushes += e.count
+            stats.bytes_in += e.nbytes
+        elif e.op == "pull":
+            stats.pulls += e.count
+            stats.bytes_out += e.nbytes
+        elif e.op in UPDATER_OPS:
+            stats.updates += e.count
+        if e.summary is not None:
+            stats.value = e.summary
+        if e.op in CHANGING_OPS:
+            stats.last_op, stats.last_change = e.op, e.time
 
     def _server(self, server: Any) -> ServerLoad:
         load = self.servers.get(server)

@@ -30,6 +30,13 @@ __all__ = ["Monitor"]
 _bokehjs_loaded = False
 
 
+#: a monitor asks the bus for at most DETAIL_BURST detailed events per key and op
+#: in every DETAIL_INTERVAL seconds: calls at the pace of a person running cells all
+#: arrive in detail, a busy training loop's are mostly counted (exact counts, little work)
+DETAIL_INTERVAL = 0.1
+DETAIL_BURST = 4
+
+
 def _load_bokehjs() -> None:
     """Put BokehJS into the page once per kernel, inline: the widgets' bokeh
     views cannot render without it, and the CDN may be unreachable."""
@@ -87,7 +94,12 @@ class Monitor:
             if self._value is not None:
                 self._value.__init__()
                 self._value.version = -2  # differs from the dashboard's, so it redraws
-            self._sub = kv.events.subscribe(self.model.on_event)
+            # The views refresh at most `hz` times a second, so they need at most a few
+            # detailed events per key and op in that time; the bus tallies the calls in
+            # between (exact counts, far less work for a busy store).
+            self._sub = kv.events.subscribe(
+                self.model.on_event, detail_interval=DETAIL_INTERVAL, detail_burst=DETAIL_BURST
+            )
             self.closed = False
         if self._dashboard is not None:
             self._ticker.start()
@@ -103,6 +115,11 @@ class Monitor:
         if dashboard is not None:
             dashboard.close()
 
+    def _flush_bus(self) -> None:
+        """Have the store's bus deliver the calls it only tallied so far."""
+        if self._sub is not None:
+            self.kv.events.flush()
+
     def _unsubscribe(self) -> None:
         if self._sub is not None:
             self._sub.unsubscribe()
@@ -113,6 +130,7 @@ class Monitor:
         """Fold pending events and bring the dashboard (if any) up to date."""
         with self._refresh_lock:
             model = self.model
+            self._flush_bus()
             model.flush()
             if len(model.keys) != self._placement_keys:
                 self._placement_keys = len(model.keys)
@@ -163,6 +181,7 @@ class Monitor:
     def summary(self, events: int = 10) -> str:
         """Text of every non-empty section: per-key table, last ``events`` events,
         updater calls, fan-in, server load."""
+        self._flush_bus()
         self.model.flush()
         if len(self.model.keys) != self._placement_keys:
             self._placement_keys = len(self.model.keys)
