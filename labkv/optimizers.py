@@ -157,12 +157,8 @@ def _sgd_step(opt: Optimizer, weight: Any, grad: Any, lr: Any) -> Any:
     return lr * opt._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
 
 
-@register
-class SGD(Optimizer):
-    """SGD with optional momentum: ``mom = momentum*mom - lr*wd*w - lr*g``;
-    ``w += mom`` (without momentum the same with ``mom = 0``), ``g`` the
-    rescaled and clipped gradient. The momentum state holds MXNet's sign
-    convention (it is the negative of the usual velocity)."""
+class _WithMomentum(Optimizer):
+    """An optimizer with an optional momentum state (none when ``momentum`` is 0)."""
 
     def __init__(self, momentum: float = 0.0, **kwargs: Any):
         super().__init__(**kwargs)
@@ -171,6 +167,14 @@ class SGD(Optimizer):
 
     def create_state(self, index: Any, weight: Any) -> tuple:
         return (_zeros(weight),) if self.momentum != 0.0 else ()
+
+
+@register
+class SGD(_WithMomentum):
+    """SGD with optional momentum: ``mom = momentum*mom - lr*wd*w - lr*g``;
+    ``w += mom`` (without momentum the same with ``mom = 0``), ``g`` the
+    rescaled and clipped gradient. The momentum state holds MXNet's sign
+    convention (it is the negative of the usual velocity)."""
 
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         self._update_count(index)
@@ -186,19 +190,11 @@ class SGD(Optimizer):
 
 
 @register
-class NAG(Optimizer):
+class NAG(_WithMomentum):
     """Nesterov momentum, as MXNet 1.9.1 computes it: with ``g`` the rescaled,
     clipped gradient, ``m = momentum*m``;
     ``w' = w - m + (momentum+1)*(m - lr*(g + wd*w))``; ``m -= lr*(g + wd*w')``
     (MXNet's kernel reads the already updated weight for the state)."""
-
-    def __init__(self, momentum: float = 0.0, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.momentum = float(momentum)
-        self._params["momentum"] = momentum
-
-    def create_state(self, index: Any, weight: Any) -> tuple:
-        return (_zeros(weight),) if self.momentum != 0.0 else ()
 
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         self._update_count(index)

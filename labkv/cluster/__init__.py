@@ -1,10 +1,29 @@
-"""The distributed store on Dask (server shards on Dask workers)."""
+"""The distributed store on Dask: server shards on Dask workers.
+
+- :func:`connect`: an embedded ``LocalCluster`` or a running scheduler.
+- ``labkv.create('dist_sync', cluster=handle)``: a store whose keys live on
+  server actors; in a notebook the kernel is rank 0 of 1.
+- :func:`run`: ``fn(kv)`` as W ranks, one pinned Dask task per worker.
+
+See ``docs/cluster.md`` for the design and every scheduling choice.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from ._connect import ClusterHandle, connect, default_handle
+from ._placement import key_id, place
+from ._run import run
+from ._server import ClusterError
+from ._store import DistStore, create_store
 
-
-def create_store(kind: str, **kwargs: Any) -> Any:
-    """Make a ``dist_*`` store (not available yet in this version)."""
-    raise NotImplementedError(f"the {kind!r} store needs the Dask cluster backend")
+__all__ = [
+    "ClusterError",
+    "ClusterHandle",
+    "DistStore",
+    "connect",
+    "create_store",
+    "default_handle",
+    "key_id",
+    "place",
+    "run",
+]
