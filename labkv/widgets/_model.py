@@ -216,6 +216,10 @@ class MonitorModel:
             return
         if e.server is not None and op in ("push", "pull"):
             self._fold_traffic(e)
+            if not e.extra.get("first_piece", True):
+                return  # another slice of a push counted on the server holding slice 0
+        elif op == "push" and e.store.startswith("dist"):
+            return  # a rank's own view of a push its servers report
         if e.key is None:
             return
         stats = self.keys.get(e.key)

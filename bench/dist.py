@@ -1,0 +1,154 @@
+"""Benchmark of the dist_sync store against a raw Dask echo, measured in one run.
+
+    python bench/dist.py [--quick]
+
+W = 2 ranks (``labkv.cluster.run``) on an embedded 2-worker LocalCluster, with
+S = 1 and S = 2 servers: push+pull per iteration of a 16 MiB model (1 key; 4
+keys of 4 MiB), 200 keys x 1 KiB, one tiny key, and a barrier. The baseline is
+a task on one worker echoing the same bytes through one call to the other
+worker: to an async actor method (what labkv's servers are), and to a plain
+worker comm handler (the "worker extension" alternative). A benchmark, not a
+test: it prints a table, it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+MIB = 1 << 20
+
+
+class Echo:
+    """The baseline's actor: returns what it gets."""
+
+    async def echo(self, data):
+        return data
+
+
+def _actor_echo(actor, nbytes, iters):
+    data = np.ones(nbytes // 4, dtype=np.float32)
+    actor.echo(data).result()
+    t = time.perf_counter()
+    for _ in range(iters):
+        actor.echo(data).result()
+    return (time.perf_counter() - t) / iters
+
+
+def _install_handler(dask_worker):
+    from distributed.protocol import to_serialize
+
+    async def echo(comm=None, data=None):
+        return {"data": to_serialize(data)}
+
+    dask_worker.handlers["labkv_bench_echo"] = echo
+
+
+def _handler_echo(address, nbytes, iters):
+    from distributed import get_worker
+    from distributed.protocol import to_serialize
+    from distributed.utils import sync
+
+    worker = get_worker()
+    data = np.ones(nbytes // 4, dtype=np.float32)
+
+    async def once():
+        return await worker.rpc(address).labkv_bench_echo(data=to_serialize(data))
+
+    sync(worker.loop, once)
+    t = time.perf_counter()
+    for _ in range(iters):
+        sync(worker.loop, once)
+    return (time.perf_counter() - t) / iters
+
+
+def _ranks(kv, case, iters):
+    if case == "barrier":
+        kv.barrier()
+        t = time.perf_counter()
+        for _ in range(iters):
+            kv.barrier()
+        return (time.perf_counter() - t) / iters
+    sizes = {
+        "16MiB x1": [4 * MIB] * 1,
+        "4MiB x4": [MIB] * 4,
+        "1KiB x200": [256] * 200,
+        "tiny": [1],
+    }[case]
+    keys = list(range(len(sizes)))
+    kv.init(keys, [np.zeros(n, dtype=np.float32) for n in sizes])
+    grads = [np.ones(n, dtype=np.float32) for n in sizes]
+    outs = [np.empty(n, dtype=np.float32) for n in sizes]
+    for _ in range(2):  # warm up
+        kv.push(keys, grads)
+        kv.pull(keys, out=outs)
+    kv.barrier()
+    t = time.perf_counter()
+    for _ in range(iters):
+        kv.push(keys, grads)
+        kv.pull(keys, out=outs)
+    return (time.perf_counter() - t) / iters
+
+
+def main(quick: bool = False) -> None:
+    from labkv.cluster import connect, run
+
+    scale = 4 if quick else 1
+    with connect(n_workers=2, dashboard_address=None) as handle:
+        client = handle.client
+        a, b = handle.workers()
+        actor = client.submit(Echo, actor=True, workers=[b], pure=False).result()
+        client.run(_install_handler, workers=[b])
+        base = {}
+        for label, nbytes, iters in (("16MiB", 16 * MIB, 30), ("tiny", 4, 400)):
+            base[("actor", label)] = min(
+                client.submit(
+                    _actor_echo, actor, nbytes, iters // scale, workers=[a], pure=False
+                ).result()
+                for _ in range(3)
+            )
+            base[("handler", label)] = min(
+                client.submit(
+                    _handler_echo, b, nbytes, iters // scale, workers=[a], pure=False
+                ).result()
+                for _ in range(3)
+            )
+        cases = [
+            ("16MiB x1", 30),
+            ("4MiB x4", 30),
+            ("1KiB x200", 200),
+            ("tiny", 500),
+            ("barrier", 500),
+        ]
+        rows = []
+        for case, iters in cases:
+            times = {}
+            for servers in (1, 2):
+                per_rank = run(
+                    _ranks,
+                    num_workers=2,
+                    num_servers=servers,
+                    cluster=handle,
+                    args=(case, max(5, iters // scale)),
+                )
+                times[servers] = max(per_rank)
+            rows.append((case, times[1], times[2]))
+    echo16, echo_tiny = base[("actor", "16MiB")], base[("actor", "tiny")]
+    print("raw Dask echo, task on worker A -> worker B -> back (ms per call):")
+    print(f"  async actor method : 16 MiB {echo16 * 1e3:7.2f}   tiny {echo_tiny * 1e3:6.3f}")
+    print(
+        f"  worker comm handler: 16 MiB {base[('handler', '16MiB')] * 1e3:7.2f}   "
+        f"tiny {base[('handler', 'tiny')] * 1e3:6.3f}"
+    )
+    print()
+    print("labkv dist_sync, W = 2 ranks, push+pull per iteration (ms; ratio to the actor echo)")
+    print(f"{'case':<12}{'S=1 ms':>10}{'S=2 ms':>10}{'S=1 x echo':>12}{'S=2 x echo':>12}")
+    for case, t1, t2 in rows:
+        ref = echo16 if "MiB" in case else echo_tiny
+        print(f"{case:<12}{t1 * 1e3:>10.2f}{t2 * 1e3:>10.2f}{t1 / ref:>12.2f}{t2 / ref:>12.2f}")
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)

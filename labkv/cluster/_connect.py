@@ -1,0 +1,147 @@
+"""Connecting to Dask: an embedded ``LocalCluster`` or a running scheduler.
+
+:func:`connect` returns a :class:`ClusterHandle` that owns the ``Client``
+(and the ``LocalCluster`` when it started one). Closing the handle closes
+only what it started: attaching to someone's scheduler never stops it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import threading
+from typing import Any
+
+from distributed import Client, LocalCluster, Security
+
+
+class ClusterHandle:
+    """A connection to a Dask cluster; a context manager.
+
+    ``client`` is the ``distributed.Client``; ``cluster`` the ``LocalCluster``
+    it started (None when attached to an address).
+    """
+
+    def __init__(self, client: Client, cluster: LocalCluster | None = None):
+        self.client = client
+        self.cluster = cluster
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        """The scheduler's address."""
+        return self.client.scheduler.address
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard's URL (None without a dashboard)."""
+        try:
+            return self.client.dashboard_link
+        except Exception:  # attached schedulers may run without a dashboard
+            return None
+
+    def workers(self) -> list[str]:
+        """The addresses of the live Dask workers, sorted (fresh from the scheduler)."""
+        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def close(self) -> None:
+        """Close the client and, if this handle started it, the cluster (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def __enter__(self) -> ClusterHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        kind = "embedded" if self.cluster is not None else "attached"
+        return f"<labkv.cluster.ClusterHandle {kind} {self.address}>"
+
+
+def _default_workers() -> int:
+    # One single-threaded worker process per core (at least 2, so that a
+    # 2-rank run fits; at most 8, a notebook's share of a big machine).
+    return max(2, min(8, os.cpu_count() or 2))
+
+
+def connect(
+    address: str | None = None,
+    n_workers: int | None = None,
+    security: Security | None = None,
+    *,
+    set_as_default: bool = True,
+    **kw: Any,
+) -> ClusterHandle:
+    """Start an embedded ``LocalCluster`` (``address=None``) or attach to a
+    running scheduler (``'tcp://...'``, or ``'tls://...'`` with ``security``).
+
+    Embedded: worker processes on 127.0.0.1, one thread each (ranks run one per
+    worker; servers are actors on the workers' event loops and need no thread),
+    dashboard on a free port; ``kw`` go to ``LocalCluster``. Attached: ``kw``
+    go to ``Client``. ``set_as_default=False`` keeps the client from becoming
+    Dask's default scheduler (dask.array ``compute()`` then stays local). In a script that starts a cluster, call this under
+    ``if __name__ == "__main__":`` (worker processes are spawned).
+
+    >>> with connect(n_workers=2) as handle:  # doctest: +SKIP
+    ...     len(handle.workers())
+    2
+    """
+    cluster = None
+    # The client talks to server actors directly (bulk data never goes through
+    # the scheduler): without direct_to_workers a client's actor calls are
+    # proxied by the scheduler.
+    client_kw: dict[str, Any] = {
+        "direct_to_workers": True,
+        "security": security,
+        "set_as_default": set_as_default,
+    }
+    if address is None:
+        options = {
+            "n_workers": n_workers or _default_workers(),
+            "threads_per_worker": 1,
+            "processes": True,
+            "host": "127.0.0.1",
+            "dashboard_address": ":0",
+            **kw,
+        }
+        if security is not None:
+            options.setdefault("security", security)
+            options.setdefault("protocol", "tls://")
+        cluster = LocalCluster(**options)
+        target: Any = cluster
+    else:
+        target = address
+        client_kw.update(kw)
+    try:
+        client = Client(target, **client_kw)
+    except BaseException:
+        # distributed 2026.8 can hang the *next* Client if the failed one is
+        # collected inside its LoopRunner.start(): collect it now.
+        gc.collect()
+        if cluster is not None:
+            cluster.close()
+        raise
+    if address is not None and n_workers:
+        client.wait_for_workers(n_workers, timeout=60)
+    return ClusterHandle(client, cluster)
+
+
+_default: ClusterHandle | None = None
+_default_lock = threading.Lock()
+
+
+def default_handle() -> ClusterHandle:
+    """The process-wide embedded cluster, started on first use, closed at exit."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = connect()
+            atexit.register(_default.close)
+        return _default

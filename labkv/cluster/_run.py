@@ -1,0 +1,228 @@
+"""Running a function as W ranks on Dask workers, xgboost-style.
+
+Each rank is one Dask task pinned to its own worker (``workers=[address]``,
+``allow_other_workers=False``). Pinning is what makes a rank a rank: the
+ranks of a dist_sync store wait for each other inside every round, so they
+must run *at the same time*, on distinct workers; letting Dask queue two
+ranks on one single-threaded worker, or move one after a failure, would turn a
+round into a deadlock.
+
+For the same reason a missing or dying worker fails the run at once instead
+of waiting for Dask to reschedule: the launcher checks the cluster's workers
+every ``_POLL_S`` while the ranks run; when a rank fails or a worker hosting a
+rank or a server disappears, it aborts the servers (waiting ranks get an
+error at once instead of sitting out their timeout), sets the barrier's abort
+event, cancels the other ranks and raises naming the rank or server lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import distributed
+
+from ._barrier import clear_barrier
+from ._connect import ClusterHandle, default_handle
+from ._placement import DEFAULT_BIGARRAY_BOUND
+from ._server import ClusterError
+from ._store import ASYNC_KINDS, DEFAULT_TIMEOUT_S, SYNC_KINDS, DistStore, StoreSpec, start_servers
+
+_POLL_S = 0.25
+
+
+def _rank_main(
+    fn: Callable,
+    spec: StoreSpec,
+    servers: list[Any],
+    rank: int,
+    num_workers: int,
+    owner: bool,
+    args: tuple,
+    kwargs: dict,
+) -> tuple[Any, int]:
+    """The task of one rank: build its store, run ``fn``, wait for its pushes."""
+    kv = DistStore(spec, servers, rank, num_workers, owner=owner)
+    result = fn(kv, *args, **kwargs)
+    kv._flush()
+    return result, kv._event_barrier.generation
+
+
+def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reason: str) -> None:
+    """Wake every waiting rank with an error (best effort: servers may be gone)."""
+    calls = []
+    for actor in servers:
+        with contextlib.suppress(Exception):  # its worker may be gone
+            calls.append(actor.abort(reason))
+    distributed.Event(f"{spec.group}/abort", client=client).set()
+    for call in calls:
+        with contextlib.suppress(Exception):
+            call.result(timeout=5)
+
+
+def _watch(
+    handle: ClusterHandle,
+    futures: list[Any],
+    rank_workers: list[str],
+    spec: StoreSpec,
+    servers: list[Any],
+) -> list[tuple[Any, int]]:
+    client = handle.client
+
+    def lost_workers() -> str | None:
+        live = set(handle.workers())
+        lost_ranks = [r for r, w in enumerate(rank_workers) if w not in live]
+        lost_servers = [s for s, w in enumerate(spec.server_addresses) if w not in live]
+        if not (lost_ranks or lost_servers):
+            return None
+        gone = sorted(
+            {rank_workers[r] for r in lost_ranks} | {spec.server_addresses[s] for s in lost_servers}
+        )
+        return (
+            f"Dask worker(s) {gone} died: ranks {lost_ranks} lost; servers {lost_servers} "
+            "lost with their keys' values and optimizer states"
+        )
+
+    def fail(reason: str, cause: BaseException | None) -> None:
+        _abort(client, spec, servers, reason)
+        client.cancel(futures)
+        if cause is None:
+            raise ClusterError(reason)
+        raise cause
+
+    while True:
+        with contextlib.suppress(TimeoutError):
+            running = [f for f in futures if f.status == "pending"]
+            distributed.wait(running, timeout=_POLL_S, return_when="FIRST_COMPLETED")
+        failed = [r for r, f in enumerate(futures) if f.status in ("error", "cancelled", "lost")]
+        if failed:
+            rank = failed[0]
+            future = futures[rank]
+            exc = future.exception() if future.status == "error" else None
+            died = lost_workers()  # a dead worker explains a failed rank best
+            deadline = time.monotonic() + 3.0
+            while died is None and "lost" in str(exc) and time.monotonic() < deadline:
+                time.sleep(_POLL_S)  # the scheduler may not have removed the worker yet
+                died = lost_workers()
+            if died is not None:
+                try:
+                    fail(died, None)
+                except ClusterError as error:
+                    raise error from exc
+            fail(f"rank {rank} (on {rank_workers[rank]}) failed ({future.status})", exc)
+        if all(f.status == "finished" for f in futures):
+            return [f.result() for f in futures]
+        died = lost_workers()
+        if died is not None:
+            fail(died, None)
+
+
+def run(
+    fn: Callable[..., Any],
+    num_workers: int | None = None,
+    kvstore: str | DistStore = "dist_sync",
+    num_servers: int | None = None,
+    cluster: ClusterHandle | None = None,
+    args: tuple = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
+) -> list[Any]:
+    """Run ``fn(kv, *args, **kwargs)`` as ``num_workers`` ranks, one pinned
+    Dask task per worker, all on the same servers; the results in rank order.
+
+    ``kvstore`` is a type (new servers are started for this run, ``num_servers``
+    of them, default ``num_workers``, and released after it) or a store made
+    in this process with ``labkv.create`` (its servers are shared: the notebook
+    watches the ranks' keys; it owns init and the optimizer, and its own
+    pushes should wait until the run is over). ``num_workers`` defaults to all
+    the cluster's workers; asking for more fails at once. ``timeout`` bounds
+    every wait of the ranks (rounds, init, barrier); ``bigarray_bound`` is the
+    size from which values are sliced across servers.
+
+    >>> from labkv.cluster import connect, run
+    >>> def train(kv):
+    ...     kv.init(0, np.zeros(2)); kv.push(0, np.full(2, kv.rank + 1.0)); return kv.pull(0)
+    >>> with connect(n_workers=2) as handle:  # doctest: +SKIP
+    ...     run(train, num_workers=2, cluster=handle)
+    [array([3., 3.]), array([3., 3.])]
+    """
+    kwargs = dict(kwargs or {})
+    shared = isinstance(kvstore, DistStore)
+    if shared:
+        if kvstore._handle is None:
+            raise ValueError("only a store made in this process (labkv.create) can be shared")
+        handle = kvstore._handle
+    else:
+        if kvstore not in SYNC_KINDS + ASYNC_KINDS:
+            raise ValueError(f"not a cluster store type: {kvstore!r}")
+        handle = cluster if cluster is not None else default_handle()
+    workers = handle.workers()
+    num_workers = len(workers) if num_workers is None else num_workers
+    if not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+    if num_workers > len(workers):
+        raise ClusterError(
+            f"run needs {num_workers} Dask workers (one per rank); the cluster has "
+            f"{len(workers)}: {workers}"
+        )
+    client = handle.client
+    group = f"labkv-barrier-{uuid.uuid4().hex[:8]}"
+    futures_to_release = None
+    if shared:
+        kvstore._flush()
+        spec = dataclasses.replace(kvstore._spec, group=group)
+        servers = kvstore._servers
+        kvstore._all_servers("configure", num_workers)
+    else:
+        store_id = f"{kvstore}-{uuid.uuid4().hex[:8]}"
+        num_servers = num_servers or num_workers
+        futures_to_release, servers, addresses = start_servers(
+            handle, kvstore, num_servers, num_workers, store_id, timeout, workers
+        )
+        spec = StoreSpec(
+            kvstore, store_id, num_servers, addresses, int(bigarray_bound), float(timeout), group
+        )
+    rank_workers = workers[:num_workers]
+    futures = [
+        client.submit(
+            _rank_main,
+            fn,
+            spec,
+            servers,
+            rank,
+            num_workers,
+            not shared and rank == 0,
+            tuple(args),
+            kwargs,
+            key=f"labkv-rank-{group}-{rank}",
+            workers=[rank_workers[rank]],
+            allow_other_workers=False,
+            pure=False,
+        )
+        for rank in range(num_workers)
+    ]
+    ok = False
+    try:
+        with client.as_current():  # distributed.wait looks for "the current client"
+            out = _watch(handle, futures, rank_workers, spec, servers)
+        ok = True
+    finally:
+        if shared:
+            try:
+                kvstore._all_servers("configure", 1)
+            except Exception:
+                if ok:
+                    raise
+        else:
+            client.cancel(futures_to_release)
+        with contextlib.suppress(Exception):
+            clear_barrier(
+                client, group, num_workers, [g for _, g in out] if ok else [2] * num_workers
+            )
+    return [result for result, _ in out]

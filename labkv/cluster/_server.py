@@ -1,0 +1,358 @@
+"""A server shard: one Dask actor holding its keys in a :class:`~labkv.shard.Shard`.
+
+Every method is ``async def``. A Dask worker runs the *sync* methods of all
+its actors on one thread, so a server that blocked while waiting for the
+other ranks' pushes would stall every other shard on that worker (and two
+shards waiting for each other's rounds would deadlock). ``async`` methods run
+on the worker's event loop instead: a wait is an ``await`` on the server's
+``asyncio.Condition``, and the loop serves other calls meanwhile. Update
+arithmetic (``Shard.apply``) runs inline on the loop: it is short and never waits.
+
+Ordering: a rank's pushes may travel on different connections, so each push
+carries a per-(sender, server) sequence number and the server applies a
+sender's pushes in that order. A pull carries the number of pushes the sender
+has sent to this server and first waits for them, so a rank can send a push
+without waiting for its reply and still read its own write.
+
+dist_sync rounds: per key, the server collects one push per rank; the W-th
+completes the round, the sum goes through ``Shard.apply`` once, and the
+round counter advances. A rank's pull waits for the round its last push
+joined; a sender that never pushed the key (the notebook watching) gets the
+last completed value at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..events import EventBus, summarize
+from ..optimizers import Optimizer
+from ..shard import Shard
+from ._events import ServerStream
+
+Key = int | str
+
+# Values smaller than this are copied before they are returned by a pull: the
+# reply is serialised after the method returns, and an unrelated push could
+# change the stored array in between. Big values of a rank's own sync round are
+# sent without a copy (no push can change them before that rank pushes again).
+_COPY_BELOW = 1 << 20
+
+
+class ClusterError(RuntimeError):
+    """A cross-process wait failed: a timeout (naming what is missing), an
+    aborted run, or an updater that raised on a server."""
+
+
+class _Round:
+    """dist_sync bookkeeping of one key on one server."""
+
+    __slots__ = ("done", "pending", "first_push", "errors")
+
+    def __init__(self) -> None:
+        self.done = 0  # completed rounds
+        self.pending: dict[int, Any] = {}  # rank -> value pushed in round `done`
+        self.first_push: float | None = None
+        self.errors: dict[int, str] = {}  # round -> why its update failed
+
+
+class Server:
+    """The server actor (see module doc); made by :func:`labkv.cluster._store.start_servers`."""
+
+    sid: int = 0  # declared on the class so that remote attribute reads work
+
+    def __init__(
+        self, sid: int, store_id: str, num_workers: int, sync: bool, timeout: float, topic: str
+    ):
+        from distributed import get_worker
+
+        self.sid, self.store_id, self.num_workers = sid, store_id, num_workers
+        self.sync, self.timeout, self.topic = sync, timeout, topic
+        self.bus = EventBus(store_id)
+        self.shard = Shard(self.bus, server=sid)
+        self.meta: dict[Key, tuple[tuple[int, ...], str]] = {}
+        self.first_piece: dict[Key, bool] = {}
+        self.rounds: dict[Key, _Round] = {}
+        self.next_seq: dict[str, int] = {}
+        self.joined: dict[tuple[str, Key], int] = {}
+        self.bytes_in = self.bytes_out = 0
+        self.messages = {"push": 0, "pull": 0}
+        self._aborted: str | None = None
+        self._cond: asyncio.Condition | None = None
+        worker = get_worker()
+        self.address = worker.address
+        self.stream = ServerStream(
+            self.bus, lambda batch: worker.log_event(self.topic, batch), self._load
+        )
+
+    # -- waiting ---------------------------------------------------------------
+    @property
+    def cond(self) -> asyncio.Condition:
+        if self._cond is None:  # made lazily: it must belong to the worker's running loop
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    async def _wait(self, ready: Callable[[], bool], missing: Callable[[], str]) -> None:
+        """Wait until ``ready()``; on timeout raise naming ``missing()``."""
+        if ready():
+            return
+        deadline = time.monotonic() + self.timeout
+        async with self.cond:
+            while not ready():
+                if self._aborted is not None:
+                    raise ClusterError(f"server {self.sid}: {self._aborted}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ClusterError(
+                        f"server {self.sid} timed out after {self.timeout:g} s: {missing()}"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.cond.wait(), left)
+
+    async def _notify(self) -> None:
+        async with self.cond:
+            self.cond.notify_all()
+
+    def _missing_ranks(self, key: Key) -> str:
+        r = self.rounds[key]
+        missing = sorted(set(range(self.num_workers)) - set(r.pending))
+        return f"ranks {missing} have not pushed key {key!r} in round {r.done}"
+
+    # -- keys -------------------------------------------------------------------
+    async def init(self, items: list[tuple[Key, Any, tuple, str]]) -> None:
+        """Store new keys: ``(key, piece, full_shape, dtype)`` each."""
+        for key, *_ in items:
+            if key in self.meta:
+                raise ValueError(f"key {key!r} is already initialised")
+        for key, piece, shape, dtype in items:
+            self.shard.init(key, np.array(piece, dtype=dtype))  # own, aligned copy
+            self.meta[key] = (tuple(shape), dtype)
+            # A whole value, or slice 0 of a sliced one (slice s lives on server s): the
+            # piece whose receipt stands for the push, so views count each push once.
+            self.first_piece[key] = self.sid == 0 or piece.size == int(np.prod(shape))
+            self.rounds[key] = _Round()
+            self.bytes_in += piece.nbytes
+        await self._notify()
+
+    async def keys(self, wanted: list[Key] | None = None) -> dict[Key, tuple[tuple, str]]:
+        """``{key: (shape, dtype)}`` of the wanted keys that exist (all with None)."""
+        if wanted is None:
+            return dict(self.meta)
+        return {k: self.meta[k] for k in wanted if k in self.meta}
+
+    async def wait_keys(self, wanted: list[Key]) -> dict[Key, tuple[tuple, str]]:
+        """Wait until every wanted key is initialised (by rank 0); their metadata."""
+        await self._wait(
+            lambda: all(k in self.meta for k in wanted),
+            lambda: (
+                f"keys {[k for k in wanted if k not in self.meta]} were never initialised "
+                "(rank 0 has not called init for them)"
+            ),
+        )
+        return {k: self.meta[k] for k in wanted}
+
+    # -- push and pull ----------------------------------------------------------
+    async def push(self, sender: str, rank: int, seq: int, items: list[tuple[Key, Any]]) -> None:
+        """Push ``(key, value)`` pairs from ``rank`` (the ``seq``-th push of ``sender``)."""
+        self.messages["push"] += 1
+        await self._wait(
+            lambda: self.next_seq.get(sender, 0) >= seq,
+            lambda: f"push #{self.next_seq.get(sender, 0)} from rank {rank} never arrived",
+        )
+        try:
+            for key, _ in items:
+                if key not in self.meta:
+                    raise KeyError(f"key {key!r} is not initialised on server {self.sid}")
+            self.bytes_in += sum(v.nbytes for _, v in items)
+            if self.sync:
+                await self._push_sync(sender, rank, items)
+            else:
+                if self.bus.active:
+                    for key, value in items:
+                        self._emit_receipt(key, value, rank)
+                self.shard.apply([(k, [v]) for k, v in items])
+        finally:
+            self.next_seq[sender] = seq + 1
+            await self._notify()
+
+    async def _push_sync(self, sender: str, rank: int, items: list[tuple[Key, Any]]) -> None:
+        complete = []
+        for key, value in items:
+            r = self.rounds[key]
+            if rank in r.pending:  # this rank is a round ahead: wait for the others
+                await self._wait(
+                    lambda r=r: rank not in r.pending, lambda k=key: self._missing_ranks(k)
+                )
+            if not r.pending:
+                r.first_push = time.monotonic()
+            r.pending[rank] = value
+            self.joined[(sender, key)] = r.done
+            if self.bus.active:
+                self._emit_receipt(key, value, rank)
+                self._emit_round(key, r)
+            if len(r.pending) >= self.num_workers:
+                complete.append(key)
+        if complete:
+            self._complete(complete)
+
+    def _complete(self, keys: list[Key]) -> None:
+        """Apply the rounds of ``keys`` (all ranks pushed) in one ``Shard.apply``."""
+        batch = [
+            (k, [self.rounds[k].pending[q] for q in sorted(self.rounds[k].pending)]) for k in keys
+        ]
+        error = None
+        try:
+            self.shard.apply(batch)
+        except Exception as exc:  # the round still ends, so no rank waits forever
+            error = f"the update of round {{}} failed: {type(exc).__name__}: {exc}"
+        for key in keys:
+            r = self.rounds[key]
+            if error is not None:
+                r.errors[r.done] = error.format(r.done)
+                for old in [g for g in r.errors if g < r.done - 100]:
+                    del r.errors[old]
+            done_round = r.done
+            r.done += 1
+            if self.bus.active:
+                self._emit_round(key, r, completed=done_round)
+            r.pending = {}
+            r.first_push = None
+        if error is not None:
+            raise ClusterError(f"server {self.sid}, keys {keys}: {error.format('(this)')}")
+
+    async def pull(self, sender: str, seq: int, keys: list[Key]) -> list[Any]:
+        """The values of ``keys`` after this sender's first ``seq`` pushes (and,
+        in dist_sync, after the rounds those pushes joined) have been applied."""
+        self.messages["pull"] += 1
+        await self._wait(
+            lambda: self.next_seq.get(sender, 0) >= seq,
+            lambda: f"push #{self.next_seq.get(sender, 0)} from this worker never arrived",
+        )
+        own_round = set()
+        if self.sync:
+            for key in keys:
+                joined = self.joined.get((sender, key))
+                if joined is None:
+                    continue
+                r = self.rounds[key]
+                await self._wait(
+                    lambda r=r, j=joined: r.done > j, lambda k=key: self._missing_ranks(k)
+                )
+                if joined in r.errors:
+                    raise ClusterError(f"server {self.sid}, key {key!r}: {r.errors[joined]}")
+                own_round.add(key)
+        out = []
+        for key in keys:
+            value = self.shard.read(key)
+            if key not in own_round or value.nbytes < _COPY_BELOW:
+                value = value.copy()
+            out.append(value)
+            self.bytes_out += value.nbytes
+        return out
+
+    # -- events -----------------------------------------------------------------
+    def _emit_receipt(self, key: Key, value: Any, rank: int) -> None:
+        self.bus.emit(
+            "push",
+            key,
+            value,
+            rank=rank,
+            server=self.sid,
+            extra={"first_piece": self.first_piece[key]},
+        )
+
+    def _emit_round(self, key: Key, r: _Round, completed: int | None = None) -> None:
+        pushed = sorted(r.pending)
+        waited = 0.0 if r.first_push is None else time.monotonic() - r.first_push
+        self.bus.emit(
+            "round",
+            key,
+            server=self.sid,
+            extra={
+                "round": r.done if completed is None else completed,
+                "pushed": pushed,
+                "missing": sorted(set(range(self.num_workers)) - set(pushed)),
+                "num_workers": self.num_workers,
+                "waited_s": waited,
+                "complete": completed is not None,
+            },
+        )
+
+    def _load(self) -> dict[str, Any]:
+        held = sum(int(v.nbytes) for v in self.shard.values.values())
+        held += sum(int(a.nbytes) for s in self.shard.states.values() for a in s)
+        return {
+            "server": self.sid,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "keys": len(self.shard.values),
+            "bytes_held": held,
+            "messages": dict(self.messages),
+        }
+
+    async def streaming(self, on: bool) -> None:
+        """Send batched events to the store's topic (on) or stop (off)."""
+        if on:
+            self.stream.start()
+        else:
+            self.stream.stop()
+
+    async def load(self) -> dict[str, Any]:
+        """Bytes in/out so far, keys held and bytes held."""
+        return self._load()
+
+    # -- updaters, optimizers, states -------------------------------------------
+    async def set_updater(self, updater: Callable | None) -> None:
+        self.shard.set_updater(updater)
+
+    async def set_optimizer(self, config: dict[str, Any]) -> None:
+        self.shard.set_optimizer(Optimizer.from_config(config))
+
+    async def get_states(self) -> tuple[int, dict[Key, int], dict[Key, tuple]]:
+        """``(num_update, per-key update counts, per-key state pieces)``."""
+        opt = self.shard.optimizer
+        if opt is None:
+            raise ClusterError(f"server {self.sid} has no optimizer")
+        return opt.num_update, dict(opt.index_update_count), dict(self.shard.states)
+
+    async def set_states(
+        self, num_update: int, counts: dict[Key, int], states: dict[Key, tuple]
+    ) -> None:
+        opt = self.shard.optimizer
+        if opt is None:
+            raise ClusterError(f"server {self.sid} has no optimizer")
+        placed = {}
+        for key, state in states.items():
+            stored = self.shard.read(key)
+            placed[key] = tuple(
+                np.array(a, dtype=stored.dtype).reshape(stored.shape) for a in state
+            )
+        opt.num_update = num_update
+        opt.index_update_count = dict(counts)
+        self.shard.states = placed
+
+    # -- run control --------------------------------------------------------------
+    async def configure(self, num_workers: int) -> None:
+        """Set the number of ranks a dist_sync round waits for (no round may be open)."""
+        open_rounds = [k for k, r in self.rounds.items() if r.pending]
+        if open_rounds and num_workers != self.num_workers:
+            raise ClusterError(f"server {self.sid}: keys {open_rounds} have an open round")
+        self.num_workers = num_workers
+        self._aborted = None
+
+    async def abort(self, reason: str) -> None:
+        """Wake every waiter with ``ClusterError(reason)`` and drop open rounds."""
+        self._aborted = reason
+        for r in self.rounds.values():
+            r.pending, r.first_push = {}, None
+        await self._notify()
+
+    async def summary(self, key: Key) -> dict[str, float]:
+        """min/max/mean/norm of a stored piece (for checks without moving it)."""
+        return summarize(self.shard.read(key))

@@ -1,0 +1,505 @@
+"""The worker-side distributed store: a :class:`~labkv.store.KVStore` whose
+keys live on server actors (:mod:`._server`) on Dask workers.
+
+The base class normalises and validates every call; this backend turns the
+checked ``[(key, [arrays])]`` into one message per server per call, and
+assembles what the servers send back.
+
+Choices made here, and why:
+
+- **Pushes below ``_ACK_ABOVE`` bytes are not waited for.** The arrays are
+  copied (cheap at that size, and the caller may reuse its buffer at once)
+  and the push is in flight when ``push`` returns; the next pull carries the
+  number of pushes sent, and the server waits for them, so a rank still reads
+  its own writes. A push's error (a lost server, an updater that raised)
+  surfaces at the next call. Big pushes are sent without a copy and waited
+  for: a copy would cost more than the reply's latency.
+- **Per-device values are summed here first** (``dist_device_sync``: on the
+  device they live on), so one array per key crosses the network.
+- **Only the store's owner (rank 0, or the notebook when it shares its store
+  with a run) initialises keys and ships updaters/optimizers.** Other ranks
+  wait until the keys exist; a rank-0 push cannot enter a round before the
+  optimizer it set is on every server, so no ordering race exists in dist_sync.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..devices import copy_into, is_cupy
+from ..events import EventBus
+from ..optimizers import Optimizer
+from ..reduce import sum_into
+from ..store import Items, Key, KVStore
+from ._barrier import EventBarrier
+from ._connect import ClusterHandle, default_handle
+from ._events import ClusterBus, topic_of
+from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
+from ._server import ClusterError, Server
+
+SYNC_KINDS = ("dist_sync", "dist_device_sync")
+ASYNC_KINDS = ("dist_async", "dist_async_device")
+DEFAULT_TIMEOUT_S = 120.0
+_ACK_ABOVE = 1 << 20
+# Client-side waits get this much longer than the servers' own, so that the
+# server's error (which names the missing ranks) arrives before ours.
+_GRACE_S = 5.0
+
+
+@dataclass
+class StoreSpec:
+    """What a rank needs to reach a store's servers (picklable; the actor
+    handles travel separately, as task arguments Dask tracks)."""
+
+    kind: str
+    store_id: str
+    num_servers: int
+    server_addresses: list[str]
+    bigarray_bound: int = DEFAULT_BIGARRAY_BOUND
+    timeout: float = DEFAULT_TIMEOUT_S
+    group: str = field(default_factory=lambda: f"labkv-barrier-{uuid.uuid4().hex[:8]}")
+
+    @property
+    def sync(self) -> bool:
+        return self.kind in SYNC_KINDS
+
+
+def start_servers(
+    handle: ClusterHandle,
+    kind: str,
+    num_servers: int,
+    num_workers: int,
+    store_id: str,
+    timeout: float,
+    workers: list[str] | None = None,
+) -> tuple[list[Any], list[Any], list[str]]:
+    """Start ``num_servers`` server actors round-robin on ``workers`` (default:
+    all, sorted); ``(futures, actors, addresses)``.
+
+    Actors are pinned (``allow_other_workers=False``): a server's keys live in
+    its worker's memory, so Dask must never move or re-run it elsewhere.
+    """
+    client = handle.client
+    workers = workers or handle.workers()
+    if not workers:
+        raise ClusterError("the Dask cluster has no workers to host servers")
+    addresses = [workers[s % len(workers)] for s in range(num_servers)]
+    futures = [
+        client.submit(
+            Server,
+            s,
+            store_id,
+            num_workers,
+            kind in SYNC_KINDS,
+            timeout,
+            topic_of(store_id),
+            actor=True,
+            workers=[addresses[s]],
+            allow_other_workers=False,
+            pure=False,
+            key=f"labkv-server-{store_id}-{s}",
+        )
+        for s in range(num_servers)
+    ]
+    # The Actor handles bind to "the current client" when they are made; the
+    # handle's client need not be Dask's default one (set_as_default=False).
+    with client.as_current():
+        actors = client.gather(futures)
+    return futures, actors, addresses
+
+
+def _host(array: Any) -> np.ndarray:
+    """A plain, C-contiguous numpy array (no copy when it already is one)."""
+    if is_cupy(array):
+        array = array.get()
+    return np.asarray(array, order="C")
+
+
+def _sum_buffer(like: Any, shape: tuple, dtype: Any) -> Any:
+    """An empty array to sum per-device values into, on ``like``'s GPU for CuPy."""
+    if is_cupy(like):
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(shape, dtype)
+    return np.empty(shape, dtype)
+
+
+class DistStore(KVStore):
+    """A ``dist_*`` store: rank ``rank`` of ``num_workers`` on shared servers.
+
+    Make one with ``labkv.create('dist_sync', cluster=handle)`` (the notebook
+    is rank 0 of 1) or get one per rank from :func:`labkv.cluster.run`.
+    """
+
+    def __init__(
+        self,
+        spec: StoreSpec,
+        servers: list[Any],
+        rank: int = 0,
+        num_workers: int = 1,
+        *,
+        owner: bool = True,
+        handle: ClusterHandle | None = None,
+        futures: list[Any] | None = None,
+    ):
+        super().__init__(spec.kind)
+        self._id = spec.store_id
+        self._spec, self._servers = spec, list(servers)
+        self._rank, self._num_workers, self._owner = rank, num_workers, owner
+        self._handle, self._futures = handle, futures
+        if handle is not None:  # the notebook's store: events come from the servers
+            self.events = ClusterBus(self._id, self._set_streaming)
+        else:
+            self.events = EventBus(self._id)
+        self._sender = uuid.uuid4().hex
+        self._sent = [0] * spec.num_servers
+        self._inflight: list[tuple[int, Any]] = []
+        self._pieces: dict[Key, list[Piece]] = {}
+        self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
+
+    # -- identity ----------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This worker's rank among the store's ``num_workers``."""
+        return self._rank
+
+    @property
+    def num_workers(self) -> int:
+        """How many ranks push to the servers (a dist_sync round waits for all)."""
+        return self._num_workers
+
+    @property
+    def num_servers(self) -> int:
+        """How many server shards hold the keys."""
+        return self._spec.num_servers
+
+    def __repr__(self) -> str:
+        return (
+            f"<labkv.KVStore type={self._type!r} rank={self._rank}/{self._num_workers} "
+            f"servers={self.num_servers} keys={len(self._meta)} id={self._id}>"
+        )
+
+    # -- talking to servers ------------------------------------------------------------
+    def _lost(self, s: int, exc: BaseException) -> ClusterError:
+        return ClusterError(
+            f"server {s} on Dask worker {self._spec.server_addresses[s]} is lost "
+            f"(its keys' values and optimizer states are gone): {exc}"
+        )
+
+    def _call(self, s: int, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self._servers[s], method)(*args)
+        except (OSError, RuntimeError) as exc:  # "Worker holding Actor was lost"
+            raise self._lost(s, exc) from exc
+
+    def _wait_all(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
+        """Results of in-flight server calls, in order; every wait is bounded."""
+        deadline = time.monotonic() + self._spec.timeout + _GRACE_S
+        results = []
+        for s, future in calls:
+            try:
+                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+            except ClusterError:
+                raise
+            except TimeoutError as exc:
+                raise ClusterError(
+                    f"server {s} on {self._spec.server_addresses[s]} did not answer "
+                    f"{what} within {self._spec.timeout + _GRACE_S:g} s"
+                ) from exc
+            except (OSError, RuntimeError) as exc:
+                raise self._lost(s, exc) from exc
+        return results
+
+    def _flush(self) -> None:
+        """Wait for the pushes still in flight (raising their errors)."""
+        inflight, self._inflight = self._inflight, []
+        self._wait_all(inflight, "a push")
+
+    def _reap(self) -> None:
+        """Raise the error of a finished in-flight push, if any; keep the rest."""
+        if any(f.done() for _, f in self._inflight):
+            done = [(s, f) for s, f in self._inflight if f.done()]
+            self._inflight = [(s, f) for s, f in self._inflight if not f.done()]
+            self._wait_all(done, "a push")
+
+    def _all_servers(self, method: str, *args: Any) -> list[Any]:
+        calls = [(s, self._call(s, method, *args)) for s in range(self.num_servers)]
+        return self._wait_all(calls, method)
+
+    # -- keys ------------------------------------------------------------------------
+    def _learn(self, key: Key, shape: tuple, dtype: Any) -> None:
+        size = int(np.prod(shape, dtype=np.int64))
+        self._pieces[key] = place(key, size, self.num_servers, self._spec.bigarray_bound)
+        self._meta[key] = (tuple(shape), np.dtype(dtype))
+        if self._key_kind is None:
+            self._key_kind = type(key)
+
+    def _check_known(self, keys: list[Key]) -> None:
+        # A key another rank (or the notebook) initialised is known to the
+        # servers but not yet to this rank: ask them once, on this miss path only.
+        self._check_key_kinds(keys)
+        unknown = [k for k in keys if k not in self._meta]
+        if unknown:
+            for found in self._all_servers("keys", unknown):
+                for k, (shape, dtype) in found.items():
+                    if k not in self._meta:
+                        self._learn(k, shape, dtype)
+        super()._check_known(keys)
+
+    def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
+        placed = {
+            k: place(k, int(a.size), self.num_servers, self._spec.bigarray_bound) for k, a in items
+        }
+        per_server: dict[int, list] = defaultdict(list)
+        if self._owner:
+            for key, array in items:
+                host = _host(array)
+                pieces = placed[key]
+                for p in pieces:
+                    piece = host if len(pieces) == 1 else host.reshape(-1)[p.start : p.stop]
+                    per_server[p.server].append((key, piece, tuple(host.shape), host.dtype.str))
+            calls = [(s, self._call(s, "init", batch)) for s, batch in per_server.items()]
+            self._wait_all(calls, "init")
+        else:
+            for key, _ in items:
+                for p in placed[key]:
+                    per_server[p.server].append(key)
+            calls = [(s, self._call(s, "wait_keys", keys)) for s, keys in per_server.items()]
+            for found in self._wait_all(calls, "init (waiting for rank 0)"):
+                for key, array in items:
+                    if key in found:
+                        shape, dtype = found[key]
+                        if tuple(shape) != tuple(array.shape) or np.dtype(dtype) != array.dtype:
+                            raise ValueError(
+                                f"key {key!r} was initialised by rank 0 with shape {tuple(shape)} "
+                                f"and dtype {np.dtype(dtype)}; this rank gave {tuple(array.shape)} "
+                                f"{array.dtype}"
+                            )
+        self._pieces.update(placed)
+
+    # -- push and pull -------------------------------------------------------------
+    def _push_impl(self, items: Items) -> None:
+        self._reap()
+        per_server: dict[int, list] = defaultdict(list)
+        nbytes = 0
+        for key, values in items:
+            shape, dtype = self._meta[key]
+            if len(values) == 1:
+                value = values[0]
+            else:  # sum the per-device values here, on their device when they share one
+                value = _sum_buffer(values[0], shape, dtype)
+                sum_into(value, values)
+            value = _host(value)
+            nbytes += value.nbytes
+            pieces = self._pieces[key]
+            if len(pieces) == 1:
+                per_server[pieces[0].server].append((key, value))
+            else:
+                flat = value.reshape(-1)
+                for p in pieces:
+                    per_server[p.server].append((key, flat[p.start : p.stop]))
+        wait = nbytes >= _ACK_ABOVE
+        calls = []
+        for s, batch in per_server.items():
+            if not wait:  # in flight after we return: the caller may reuse its arrays
+                batch = [(k, np.array(v)) for k, v in batch]
+            seq = self._sent[s]
+            self._sent[s] += 1
+            calls.append((s, self._call(s, "push", self._sender, self._rank, seq, batch)))
+        if wait:
+            self._flush()
+            self._wait_all(calls, "push")
+        else:
+            self._inflight.extend(calls)
+
+    def _pull_impl(self, items: Items) -> None:
+        per_server: dict[int, list[Key]] = defaultdict(list)
+        for key, _ in items:
+            for p in self._pieces[key]:
+                if key not in per_server[p.server]:
+                    per_server[p.server].append(key)
+        servers = list(per_server)
+        calls = [
+            (s, self._call(s, "pull", self._sender, self._sent[s], per_server[s])) for s in servers
+        ]
+        self._flush()  # waits concurrently with the pulls: both are already sent
+        got: dict[tuple[int, Key], Any] = {}
+        for s, values in zip(servers, self._wait_all(calls, "pull"), strict=True):
+            for key, value in zip(per_server[s], values, strict=True):
+                got[(s, key)] = value
+        for key, outs in items:
+            pieces = self._pieces[key]
+            if len(pieces) == 1:
+                value = got[(pieces[0].server, key)]
+            else:
+                shape, dtype = self._meta[key]
+                value = np.empty(int(np.prod(shape, dtype=np.int64)), dtype)
+                for p in pieces:
+                    value[p.start : p.stop] = got[(p.server, key)]
+                value = value.reshape(shape)
+            for out in outs:
+                copy_into(out, value)
+
+    def _new_out(self, key: Key) -> Any:
+        shape, dtype = self._meta[key]
+        return np.empty(shape, dtype)
+
+    # -- updaters, optimizers, states -------------------------------------------------
+    def _set_updater_impl(self, updater: Callable) -> None:
+        if self._owner:  # a custom updater travels by Dask's pickling (cloudpickle)
+            self._all_servers("set_updater", updater)
+
+    def _set_optimizer_impl(self, optimizer: Optimizer) -> None:
+        if self._owner:  # an optimizer travels as its config: data, not code
+            self._all_servers("set_optimizer", optimizer.to_config())
+
+    def _optimizer_states(self) -> tuple[dict, dict]:
+        self._flush()
+        gathered = self._all_servers("get_states")
+        counts: dict[Any, int] = {}
+        for _, server_counts, _ in gathered:
+            for k, c in server_counts.items():
+                counts[k] = max(c, counts.get(k, 0))
+        states: dict[Key, tuple] = {}
+        for key, pieces in self._pieces.items():
+            parts = [gathered[p.server][2].get(key) for p in pieces]
+            if any(part is None for part in parts):
+                continue
+            if len(pieces) == 1:
+                states[key] = tuple(parts[0])
+            else:
+                shape = self._meta[key][0]
+                states[key] = tuple(
+                    np.concatenate([np.asarray(part[j]).reshape(-1) for part in parts]).reshape(
+                        shape
+                    )
+                    for j in range(len(parts[0]))
+                )
+        counts["__num_update__"] = max(g[0] for g in gathered)
+        return counts, states
+
+    def _load_optimizer_states(self, counts: dict, states: dict) -> None:
+        counts = dict(counts)
+        num_update = counts.pop("__num_update__")
+        server_counts: list[dict] = [{} for _ in range(self.num_servers)]
+        server_states: list[dict] = [{} for _ in range(self.num_servers)]
+        for key, count in counts.items():
+            for p in self._pieces[key]:
+                server_counts[p.server][key] = count
+        for key, state in states.items():
+            pieces = self._pieces[key]
+            for p in pieces:
+                server_states[p.server][key] = tuple(
+                    np.asarray(a)
+                    if len(pieces) == 1
+                    else np.asarray(a).reshape(-1)[p.start : p.stop]
+                    for a in state
+                )
+        calls = [
+            (s, self._call(s, "set_states", num_update, server_counts[s], server_states[s]))
+            for s in range(self.num_servers)
+        ]
+        self._wait_all(calls, "load_optimizer_states")
+
+    # -- barrier, placement, events ------------------------------------------------------
+    def _barrier_impl(self) -> None:
+        self._flush()
+        client = self._handle.client if self._handle is not None else None
+        self._event_barrier.wait(client)
+
+    def placement(self) -> dict[Key, list[dict[str, Any]]]:
+        """Where every key lives, in the local store's format: per key, its
+        pieces ``{'server': s, 'device': 'cpu(0)@<worker address>', 'start': a,
+        'stop': b}`` (flat element offsets; one piece, or one slice per server
+        for values of at least ``bigarray_bound`` elements)."""
+        return {
+            key: [
+                {
+                    "server": p.server,
+                    "device": f"cpu(0)@{self._spec.server_addresses[p.server]}",
+                    "start": p.start,
+                    "stop": p.stop,
+                }
+                for p in self._pieces[key]
+            ]
+            for key in self._meta
+        }
+
+    def server_load(self) -> list[dict[str, Any]]:
+        """Per server: bytes in/out so far, keys and bytes held."""
+        return self._all_servers("load")
+
+    def _set_streaming(self, on: bool) -> None:
+        client = self._handle.client
+        topic = topic_of(self._id)
+        if on:
+            client.subscribe_topic(topic, self.events.receive)
+        else:
+            client.unsubscribe_topic(topic)
+        calls = [(s, self._call(s, "streaming", on)) for s in range(self.num_servers)]
+        # Wait, so that the next push is streamed; but never on the client's own
+        # loop thread (a subscriber added from an event handler): that would deadlock.
+        loop_thread = getattr(client.loop.asyncio_loop, "_thread_id", None)
+        if loop_thread != threading.get_ident():
+            self._wait_all(calls, "streaming")
+
+    def close(self) -> None:
+        """Release the servers this store started (their keys are dropped)."""
+        if self._futures and self._handle is not None:
+            if self.events.active:
+                self._handle.client.unsubscribe_topic(topic_of(self._id))
+            self._handle.client.cancel(self._futures)
+            self._futures = None
+
+    def __enter__(self) -> DistStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def create_store(
+    kind: str,
+    cluster: ClusterHandle | None = None,
+    num_servers: int | None = None,
+    bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    server_workers: list[str] | None = None,
+) -> DistStore:
+    """A ``dist_*`` store for this process (rank 0 of 1): what
+    ``labkv.create('dist_sync', cluster=handle, num_servers=S)`` calls.
+
+    ``cluster``: a handle from :func:`labkv.cluster.connect` (default: the
+    embedded cluster, started on first use). ``num_servers`` defaults to the
+    number of Dask workers; ``server_workers`` pins servers to given workers
+    (round-robin). ``timeout`` bounds every cross-process wait.
+
+    >>> import labkv
+    >>> kv = labkv.create("dist_sync", cluster=handle, num_servers=2)  # doctest: +SKIP
+    >>> kv.rank, kv.num_workers  # doctest: +SKIP
+    (0, 1)
+    """
+    if kind not in SYNC_KINDS + ASYNC_KINDS:
+        raise ValueError(f"not a cluster store type: {kind!r}")
+    if num_servers is not None and (not isinstance(num_servers, int) or num_servers < 1):
+        raise ValueError(f"num_servers must be a positive int, got {num_servers!r}")
+    if int(bigarray_bound) < 1:
+        raise ValueError(f"bigarray_bound must be positive, got {bigarray_bound!r}")
+    handle = cluster if cluster is not None else default_handle()
+    workers = server_workers or handle.workers()
+    num_servers = num_servers or len(workers)
+    store_id = f"{kind}-{uuid.uuid4().hex[:8]}"
+    futures, actors, addresses = start_servers(
+        handle, kind, num_servers, 1, store_id, timeout, workers
+    )
+    spec = StoreSpec(kind, store_id, num_servers, addresses, int(bigarray_bound), float(timeout))
+    return DistStore(spec, actors, 0, 1, owner=True, handle=handle, futures=futures)

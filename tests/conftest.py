@@ -1,0 +1,46 @@
+"""Shared fixtures: one real Dask ``LocalCluster`` (2 worker processes, 1 thread
+each, as on CI's 2 cores) for the whole session, started on first use."""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+
+import pytest
+
+# Rank functions defined in the test modules travel to the workers by value:
+# the workers cannot import ``tests/`` modules by name.
+try:
+    import cloudpickle
+except ImportError:  # pragma: no cover - comes with distributed
+    cloudpickle = None
+
+
+def pytest_collection_modifyitems(items):
+    if cloudpickle is None:
+        return
+    for module in {item.module for item in items if hasattr(item, "module") and item.module}:
+        if module.__name__.startswith("test_cluster"):
+            cloudpickle.register_pickle_by_value(sys.modules[module.__name__])
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A :class:`labkv.cluster.ClusterHandle` on an embedded 2-worker LocalCluster."""
+    pytest.importorskip("distributed")
+    from labkv.cluster import connect
+
+    # A hung cluster test must fail the job, not stall CI for hours.
+    faulthandler.dump_traceback_later(900, exit=True)
+    # set_as_default=False: other tests' dask.array computations stay in-process.
+    handle = connect(n_workers=2, dashboard_address=None, memory_limit="1GiB", set_as_default=False)
+    yield handle
+    handle.close()
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def handle(cluster):
+    """The session cluster, with both workers up (a fault test may have restarted one)."""
+    cluster.client.wait_for_workers(2, timeout=60)
+    return cluster

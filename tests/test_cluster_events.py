@@ -1,0 +1,73 @@
+"""Events from the servers arrive, batched, on the notebook's ``kv.events``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+import labkv
+from labkv.cluster import run
+from labkv.cluster._events import topic_of
+
+
+def _wait_for(events, lock, predicate, deadline_s=30.0):
+    """Wait (bounded) until some received event satisfies ``predicate``."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        with lock:
+            if any(predicate(e) for e in events):
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def _two_ranks_push(kv):
+    kv.init(0, np.zeros(4, dtype=np.float32))
+    kv.push(0, np.ones(4, dtype=np.float32))
+    return kv.pull(0)
+
+
+def test_server_events_reach_the_notebook_bus(handle):
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=1)
+    events, lock = [], threading.Lock()
+
+    def record(event):
+        with lock:
+            events.append(event)
+
+    try:
+        kv.init(0, np.zeros(4, dtype=np.float32))
+        kv.set_optimizer("sgd", learning_rate=0.5)
+        kv.push(0, np.ones(4, dtype=np.float32))  # nobody listens: nothing is sent
+        kv.pull(0)
+        time.sleep(0.3)  # longer than a flush interval: a stray batch would be there
+        assert handle.client.get_events(topic_of(kv._id)) == ()
+        sub = kv.events.subscribe(record)
+        run(_two_ranks_push, num_workers=2, kvstore=kv)
+        assert _wait_for(events, lock, lambda e: e.op == "round" and e.extra["complete"])
+        assert _wait_for(events, lock, lambda e: e.op == "optimizer" and e.server == 0)
+        assert _wait_for(events, lock, lambda e: e.op == "load")
+        with lock:
+            rounds = [e for e in events if e.op == "round"]
+            receipts = [e for e in events if e.op == "push" and e.server == 0]
+            load = [e for e in events if e.op == "load"][-1]
+        assert {e.rank for e in receipts} == {0, 1}
+        first = rounds[0].extra
+        assert first["num_workers"] == 2 and not first["complete"]
+        assert len(first["pushed"]) == 1 and len(first["missing"]) == 1
+        done = [e.extra for e in rounds if e.extra["complete"]][0]
+        assert done["pushed"] == [0, 1] and done["missing"] == [] and done["round"] == 1
+        assert done["waited_s"] >= 0
+        assert load.server == 0 and load.extra["keys"] == 1
+        assert load.extra["bytes_in"] >= 3 * 16 and load.extra["bytes_held"] == 16
+        sub.unsubscribe()
+        time.sleep(0.3)
+        n = len(handle.client.get_events(topic_of(kv._id)))
+        kv.push(0, np.ones(4, dtype=np.float32))
+        kv.pull(0)
+        time.sleep(0.3)
+        assert len(handle.client.get_events(topic_of(kv._id))) == n  # streaming stopped
+    finally:
+        kv.close()

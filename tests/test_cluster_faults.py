@@ -1,0 +1,122 @@
+"""Waits that end: missing ranks, killed workers, barrier reuse, bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.cluster import ClusterError, run
+
+
+def _rank1_never_pushes(kv):
+    kv.init(0, np.zeros(2))
+    if kv.rank == 0:
+        kv.push(0, np.ones(2))
+        return kv.pull(0)
+    return None
+
+
+def test_missing_rank_times_out_naming_it(handle):
+    with pytest.raises(ClusterError, match=r"ranks \[1\] have not pushed key 0 in round 0"):
+        run(_rank1_never_pushes, num_workers=2, cluster=handle, timeout=2)
+
+
+def _rank1_skips_barrier(kv):
+    if kv.rank == 0:
+        kv.barrier()
+
+
+def test_barrier_timeout_names_absent_ranks(handle):
+    with pytest.raises(ClusterError, match=r"generation 0 .*ranks \[1\] have not arrived"):
+        run(_rank1_skips_barrier, num_workers=2, cluster=handle, timeout=2)
+
+
+def _barriers(kv, n):
+    return [kv.barrier() for _ in range(n)] and kv._event_barrier.generation
+
+
+def test_barrier_is_reusable_100_times_back_to_back(handle):
+    assert run(_barriers, num_workers=2, cluster=handle, args=(100,)) == [100, 100]
+
+
+def _interleaved(kv, rounds):
+    # Keys 0 and 1 live on servers 0 and 1, both on the SAME Dask worker. Rank 0
+    # pushes both, then waits in server 0 for rank 1's push of key 0; rank 1
+    # first needs server 1 to finish the round of key 1. A server that blocked
+    # its worker's (single, shared) actor thread while waiting would keep
+    # server 1 from ever serving those pushes: deadlock. Async waits must not.
+    for _ in range(rounds):
+        if kv.rank == 0:
+            kv.push(0, np.ones(2))
+            kv.push(1, np.ones(2))
+            kv.pull(0)
+            kv.pull(1)
+        else:
+            kv.push(1, np.ones(2))
+            kv.pull(1)
+            kv.push(0, np.ones(2))
+            kv.pull(0)
+    return kv.pull(0), kv.pull(1)
+
+
+def test_two_shards_on_one_worker_with_interleaved_rounds_do_not_deadlock(handle):
+    worker = handle.workers()[0]
+    kv = labkv.create(
+        "dist_sync", cluster=handle, num_servers=2, server_workers=[worker], timeout=20
+    )
+    try:
+        kv.init([0, 1], [np.zeros(2), np.zeros(2)])
+        assert {p["device"] for k in (0, 1) for p in kv.placement()[k]} == {f"cpu(0)@{worker}"}
+        assert {kv.placement()[k][0]["server"] for k in (0, 1)} == {0, 1}
+        for a, b in run(_interleaved, num_workers=2, kvstore=kv, args=(20,)):
+            np.testing.assert_array_equal(a, [2.0, 2.0])
+            np.testing.assert_array_equal(b, [2.0, 2.0])
+    finally:
+        kv.close()
+
+
+def test_bad_input_gets_the_local_errors_before_anything_is_sent(handle):
+    local = labkv.create("local")
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2)
+    try:
+        for store in (local, kv):
+            store.init(3, np.zeros((2, 3)))
+        before = kv.server_load()
+        bad_calls = [
+            lambda s: s.push(3, np.ones((3, 2))),  # wrong shape
+            lambda s: s.push(4, np.ones((2, 3))),  # not initialised
+            lambda s: s.push("w", np.ones((2, 3))),  # str key on an int store
+            lambda s: s.push([3, 3], [np.ones((2, 3))]),  # keys and values differ in length
+            lambda s: s.pull(3, out=np.ones((2, 3))[::1].view().reshape(3, 2)),
+            lambda s: s.init(3, np.zeros((2, 3))),  # already initialised
+            lambda s: s.push(3, np.array([["a"] * 3] * 2)),  # non-numeric
+        ]
+        for call in bad_calls:
+            with pytest.raises(Exception) as expected:
+                call(local)
+            with pytest.raises(type(expected.value)) as got:
+                call(kv)
+            assert str(got.value) == str(expected.value)
+        assert kv.server_load() == before  # nothing reached a server
+    finally:
+        kv.close()
+
+
+def _die_in_round(kv):
+    kv.init(0, np.zeros(2))
+    if kv.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    kv.push(0, np.ones(2))
+    return kv.pull(0)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_gives_a_clear_error_not_a_hang(handle):
+    # The ranks' own timeout is long (60 s): the error must come from the
+    # launcher noticing the dead worker, which names it.
+    with pytest.raises(ClusterError, match=r"died: ranks \[1\] lost; servers \[1\] lost"):
+        run(_die_in_round, num_workers=2, cluster=handle, timeout=60)

@@ -1,0 +1,89 @@
+"""The monitor on a real dist_sync store: server events counted once, fan-in while a rank lags."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+import labkv
+from labkv.cluster import run
+from labkv.widgets import monitor
+from labkv.widgets._tables import fanin_table
+
+
+def _push_three_times(kv):
+    for _ in range(3):
+        kv.push("w", np.ones(16, dtype=np.float32))
+    return kv.pull("w")
+
+
+def _lagging_rank(kv, delay):
+    if kv.rank == 1:
+        time.sleep(delay)
+    kv.push("w", np.ones(16, dtype=np.float32))
+    return kv.pull("w")
+
+
+def _until(predicate, deadline_s=30.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_sliced_key_pushes_are_counted_once_per_rank_push(handle):
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2, bigarray_bound=8)
+    mon = monitor(kv)
+    try:
+        kv.init("w", np.zeros(16, dtype=np.float32))
+        assert len(kv.placement()["w"]) == 2  # really sliced over both servers
+        results = run(_push_three_times, num_workers=2, kvstore=kv)
+        np.testing.assert_array_equal(results[0], np.full(16, 2.0))
+
+        def six_pushes():
+            mon.refresh()
+            stats = mon.model.keys.get("w")
+            return stats is not None and stats.pushes == 6
+
+        assert _until(six_pushes), mon.summary()
+        time.sleep(0.5)  # later batches must not add to the count
+        mon.refresh()
+        assert mon.model.keys["w"].pushes == 6
+        loads = mon.model.servers
+        assert set(loads) == {0, 1} and all(s.bytes_in > 0 for s in loads.values())
+    finally:
+        mon.close()
+
+
+def test_fanin_grid_shows_the_lagging_rank_missing(handle):
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=1)
+    mon = monitor(kv)
+    try:
+        kv.init("w", np.zeros(16, dtype=np.float32))
+        done = {}
+        worker = threading.Thread(
+            target=lambda: done.setdefault("r", run(_lagging_rank, 2, kvstore=kv, args=(3.0,)))
+        )
+        worker.start()
+
+        def rank1_missing():
+            mon.refresh()
+            rows = fanin_table(mon.model)[1]
+            return any(r[0] == "w" and r[-1] == "MISSING" and r[-2] == "pushed" for r in rows)
+
+        assert _until(rank1_missing, 20.0), mon.summary()
+        worker.join(60)
+        np.testing.assert_array_equal(done["r"][1], np.full(16, 2.0))
+
+        def complete():
+            mon.refresh()
+            rows = fanin_table(mon.model)[1]
+            return any(r[0] == "w" and r[3] == "complete" for r in rows)
+
+        assert _until(complete), mon.summary()
+    finally:
+        mon.close()
