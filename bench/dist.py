@@ -13,6 +13,7 @@ test: it prints a table, it asserts nothing.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 
@@ -65,12 +66,14 @@ def _handler_echo(address, nbytes, iters):
 
 
 def _ranks(kv, case, iters):
+    """One rank's loop; ``(seconds per iteration, per-server load per iteration)``
+    (the load, from the servers' own byte counters, only on rank 0)."""
     if case == "barrier":
         kv.barrier()
         t = time.perf_counter()
         for _ in range(iters):
             kv.barrier()
-        return (time.perf_counter() - t) / iters
+        return (time.perf_counter() - t) / iters, None
     sizes = {
         "16MiB x1": [4 * MIB] * 1,
         "4MiB x4": [MIB] * 4,
@@ -85,14 +88,28 @@ def _ranks(kv, case, iters):
         kv.push(keys, grads)
         kv.pull(keys, out=outs)
     kv.barrier()
+    before = kv.server_load() if kv.rank == 0 else None
+    kv.barrier()
     t = time.perf_counter()
     for _ in range(iters):
         kv.push(keys, grads)
         kv.pull(keys, out=outs)
-    return (time.perf_counter() - t) / iters
+    elapsed = (time.perf_counter() - t) / iters
+    kv.barrier()
+    if kv.rank != 0:
+        return elapsed, None
+    after = kv.server_load()
+    load = [
+        (
+            (a["bytes_in"] - b["bytes_in"]) / iters,
+            (a["bytes_out"] - b["bytes_out"]) / iters,
+        )
+        for a, b in zip(after, before, strict=True)
+    ]
+    return elapsed, load
 
 
-def main(quick: bool = False) -> None:
+def main(quick: bool = False, repeats: int = 3) -> None:
     from labkv.cluster import connect, run
 
     scale = 4 if quick else 1
@@ -124,30 +141,58 @@ def main(quick: bool = False) -> None:
         ]
         rows = []
         for case, iters in cases:
-            times = {}
-            for servers in (1, 2):
-                per_rank = run(
-                    _ranks,
-                    num_workers=2,
-                    num_servers=servers,
-                    cluster=handle,
-                    args=(case, max(5, iters // scale)),
-                )
-                times[servers] = max(per_rank)
-            rows.append((case, times[1], times[2]))
+            times: dict[int, list[float]] = {1: [], 2: []}
+            ratios: dict[int, list[float]] = {1: [], 2: []}
+            loads = {}
+            nbytes, echo_iters = (16 * MIB, 30) if "MiB" in case else (4, 400)
+            for _ in range(repeats):
+                # The echo right before S = 1 and S = 2: all three see the same load of
+                # this shared machine, and each ratio is taken within one such block.
+                echo = client.submit(
+                    _actor_echo, actor, nbytes, echo_iters // scale, workers=[a], pure=False
+                ).result()
+                for servers in (1, 2):
+                    per_rank = run(
+                        _ranks,
+                        num_workers=2,
+                        num_servers=servers,
+                        cluster=handle,
+                        args=(case, max(5, iters // scale)),
+                    )
+                    t = max(t for t, _ in per_rank)
+                    times[servers].append(t)
+                    ratios[servers].append(t / echo)
+                    loads[servers] = per_rank[0][1]
+            med = statistics.median
+            rows.append((case, med(times[1]), med(times[2]), med(ratios[1]), med(ratios[2]), loads))
     echo16, echo_tiny = base[("actor", "16MiB")], base[("actor", "tiny")]
-    print("raw Dask echo, task on worker A -> worker B -> back (ms per call):")
+    print("raw Dask echo, task on worker A -> worker B -> back (ms per call, best of 3):")
     print(f"  async actor method : 16 MiB {echo16 * 1e3:7.2f}   tiny {echo_tiny * 1e3:6.3f}")
     print(
         f"  worker comm handler: 16 MiB {base[('handler', '16MiB')] * 1e3:7.2f}   "
         f"tiny {base[('handler', 'tiny')] * 1e3:6.3f}"
     )
     print()
-    print("labkv dist_sync, W = 2 ranks, push+pull per iteration (ms; ratio to the actor echo)")
+    print(
+        f"labkv dist_sync, W = 2 ranks, push+pull per iteration (ms, median of {repeats} runs;\n"
+        "ratio to the actor echo of the same bytes (16 MiB or tiny) measured just before, median)"
+    )
     print(f"{'case':<12}{'S=1 ms':>10}{'S=2 ms':>10}{'S=1 x echo':>12}{'S=2 x echo':>12}")
-    for case, t1, t2 in rows:
-        ref = echo16 if "MiB" in case else echo_tiny
-        print(f"{case:<12}{t1 * 1e3:>10.2f}{t2 * 1e3:>10.2f}{t1 / ref:>12.2f}{t2 / ref:>12.2f}")
+    for case, t1, t2, r1, r2, _ in rows:
+        print(f"{case:<12}{t1 * 1e3:>10.2f}{t2 * 1e3:>10.2f}{r1:>12.2f}{r2:>12.2f}")
+    print()
+    print("per-server traffic per iteration (MiB in / out, from the servers' byte counters):")
+    for case, *_, loads in rows:
+        if loads[1] is None:
+            continue
+        cells = []
+        for servers in (1, 2):
+            cells.append(
+                "  ".join(
+                    f"s{s} {i / MIB:6.2f}/{o / MIB:6.2f}" for s, (i, o) in enumerate(loads[servers])
+                )
+            )
+        print(f"  {case:<12} S=1: {cells[0]:<24} S=2: {cells[1]}")
 
 
 if __name__ == "__main__":

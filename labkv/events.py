@@ -190,6 +190,7 @@ class EventBus:
         with self._lock:
             self._subscribers = (*self._subscribers, handle)
             self._refresh()
+        self._changed()
         return handle
 
     def unsubscribe(self, handle: Subscription) -> None:
@@ -197,18 +198,25 @@ class EventBus:
         with self._lock:
             self._subscribers = tuple(s for s in self._subscribers if s is not handle)
             self._refresh()
+        self._changed()
 
     def record(self, on: bool = True) -> None:
         """Keep recent events in the ring even with no subscriber."""
         with self._lock:
             self._recording = bool(on)
             self._refresh()
+        self._changed()
 
     def _refresh(self) -> None:
         self.active = self._recording or bool(self._subscribers)
         wanted = [s.detail_interval for s in self._subscribers]
         self.detail_interval = 0.0 if self._recording or not wanted else min(wanted)
         self.detail_burst = max((s.detail_burst for s in self._subscribers), default=1)
+
+    def _changed(self) -> None:
+        """Called after the subscribers or recording changed, outside the lock:
+        a subclass may do slow work here (the cluster bus tells its servers),
+        while events keep being delivered on other threads."""
 
     def admit(
         self, op: str, key: Key | None, nbytes: int, rank: int = 0, server: int | None = None

@@ -87,3 +87,28 @@ def test_fanin_grid_shows_the_lagging_rank_missing(handle):
         assert _until(complete), mon.summary()
     finally:
         mon.close()
+
+
+def test_peek_reads_without_events_while_ranks_run(handle):
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2, bigarray_bound=8)
+    kv.init("w", np.zeros(16, dtype=np.float32))
+    seen = []
+    with kv.events.subscribe(seen.append):
+        np.testing.assert_array_equal(kv.peek("w"), np.zeros(16))
+    assert [e.op for e in seen] == []  # a peek is not a pull
+    reads, stop = [], threading.Event()
+
+    def keep_peeking():  # what a monitor's refresh thread does while the ranks run
+        while not stop.is_set():
+            reads.append(float(kv.peek("w")[0]))
+
+    reader = threading.Thread(target=keep_peeking)
+    reader.start()
+    try:
+        results = run(_push_three_times, num_workers=2, kvstore=kv)
+    finally:
+        stop.set()
+        reader.join(30)
+    np.testing.assert_array_equal(results[1], np.full(16, 2.0))
+    assert reads and set(reads) <= {0.0, 2.0}
+    np.testing.assert_array_equal(kv.peek("w"), np.full(16, 2.0))

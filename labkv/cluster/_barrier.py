@@ -2,9 +2,9 @@
 
 Generation ``g`` of rank ``r`` is the scheduler event ``<name>/g<g>/r<r>``.
 A rank sets its own event and waits for the others' events of the same
-generation; all of it goes to the scheduler concurrently from one coroutine
-(one ``client.sync``), so a barrier costs about one scheduler round trip
-after the last rank arrives.
+generation; all of it (the set, the clear below and the waits) goes to the
+scheduler concurrently from one coroutine (one ``client.sync``), so a barrier
+costs about one scheduler round trip after the last rank arrives.
 
 Why one event per rank and generation (not one shared counter): nobody has
 to clear an event that someone else may still be about to wait on. A rank
@@ -58,12 +58,14 @@ class EventBarrier:
         return gen
 
     async def _wait_async(self, scheduler: Any, gen: int) -> None:
+        # Setting our event and waiting for the others' go out together: a
+        # barrier costs one scheduler round trip after the last rank arrives.
         sets = [scheduler.event_set(name=self._event(gen, self.rank))]
         if gen >= 2:
             sets.append(scheduler.event_clear(name=self._event(gen - 2, self.rank)))
-        await asyncio.gather(*sets)
         others = [q for q in range(self.parties) if q != self.rank]
         deadline = time.monotonic() + self.timeout
+        first = True
         while others:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -71,13 +73,16 @@ class EventBarrier:
                     f"barrier {self.name!r} generation {gen} timed out after {self.timeout:g} s: "
                     f"ranks {others} have not arrived"
                 )
-            arrived = await asyncio.gather(
-                *(
-                    scheduler.event_wait(name=self._event(gen, q), timeout=min(left, _SLICE_S))
-                    for q in others
-                )
-            )
-            others = [q for q, ok in zip(others, arrived) if not ok]
+            waits = [
+                scheduler.event_wait(name=self._event(gen, q), timeout=min(left, _SLICE_S))
+                for q in others
+            ]
+            if first:
+                *_, arrived = await asyncio.gather(asyncio.gather(*sets), asyncio.gather(*waits))
+                first = False
+            else:
+                arrived = await asyncio.gather(*waits)
+            others = [q for q, ok in zip(others, arrived, strict=True) if not ok]
             if others and await scheduler.event_is_set(name=f"{self.name}/abort"):
                 raise ClusterError(f"barrier {self.name!r}: the run was aborted")
 

@@ -11,6 +11,14 @@ through ``Client.subscribe_topic`` and hands them to its subscribers with
 Nobody subscribed means nothing is built or sent: the server's bus is inactive
 (``Shard`` checks ``bus.active``) and no flush task runs.
 
+A server's stream subscribes with the detail the notebook's subscribers ask
+for (``detail_interval``/``detail_burst`` of :meth:`EventBus.subscribe`; the
+monitor asks for at most 4 detailed events per op, key and rank every 100 ms):
+further pushes of a busy run are only counted by ``bus.admit``, and every flush
+first runs ``bus.flush()``, which turns the counts into ``count``-carrying
+events, so the totals the notebook sees stay exact while the server builds no
+value summary per push.
+
 Why ``log_event``/``subscribe_topic``: it is push-based, keeps per-server
 order, and rides the worker's and scheduler's existing batched streams
 (~2 ms latency measured here, see ``docs/cluster.md``); polling an actor for
@@ -55,8 +63,10 @@ class ServerStream:
         send: Callable[[list[dict[str, Any]]], None],
         load: Callable[[], dict[str, Any]],
         interval: float = FLUSH_INTERVAL_S,
+        annotate: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.bus, self.send, self.load, self.interval = bus, send, load, interval
+        self.annotate = annotate
         self.buffer: list[dict[str, Any]] = []
         self._sub: Subscription | None = None
         self._task: asyncio.Task | None = None
@@ -66,18 +76,32 @@ class ServerStream:
     def on(self) -> bool:
         return self._sub is not None
 
-    def start(self) -> None:
-        """Start collecting and flushing (runs on the worker's event loop)."""
-        if self._sub is None:
-            self._sub = self.bus.subscribe(lambda event: self.buffer.append(event.to_dict()))
+    def _collect(self, event: Event) -> None:
+        data = event.to_dict()
+        if self.annotate is not None:
+            self.annotate(data)
+        self.buffer.append(data)
+
+    def start(self, detail_interval: float = 0.0, detail_burst: int = 1) -> None:
+        """Start collecting and flushing (runs on the worker's event loop), with
+        the detail the notebook asks for (see module doc); a running stream
+        takes new settings."""
+        sub = self._sub
+        if sub is not None:
+            if (sub.detail_interval, sub.detail_burst) == (detail_interval, detail_burst):
+                return
+            self.bus.flush()  # what was counted under the old settings
+            sub.unsubscribe()
+        self._sub = self.bus.subscribe(self._collect, detail_interval, detail_burst)
+        if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     def stop(self) -> None:
-        """Stop collecting; what is buffered is sent first."""
+        """Stop collecting; what is buffered (and counted) is sent first."""
         if self._sub is not None:
+            self.flush()
             self._sub.unsubscribe()
             self._sub = None
-            self.flush()
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -89,7 +113,10 @@ class ServerStream:
                 self.flush()
 
     def flush(self) -> None:
-        """Send the buffered events and, when it changed, one ``load`` event."""
+        """Send the buffered events (with the calls only counted since the last
+        flush) and, when it changed, one ``load`` event."""
+        if self._sub is not None:
+            self.bus.flush()  # counted calls -> count-carrying events, into the buffer
         batch, self.buffer = self.buffer, []
         load = self.load()
         if load != self._last_load:
@@ -104,17 +131,22 @@ class ServerStream:
 
 class ClusterBus(EventBus):
     """The notebook-side bus of a cluster store: turns streaming on with the
-    first subscriber and off with the last (via ``on_active``), and delivers
-    batches that arrive from servers (:meth:`receive`)."""
+    first subscriber and off with the last (via ``on_active``; also called
+    when the detail the subscribers ask for changes), and delivers batches
+    that arrive from servers (:meth:`receive`)."""
 
     def __init__(self, store_id: str, on_active: Callable[[bool], None] | None = None):
         self._on_active = on_active
         super().__init__(store_id)
+        self._told = (self.active, self.detail_interval, self.detail_burst)
 
-    def _refresh(self) -> None:
-        was = self.active
-        super()._refresh()
-        if self.active != was and self._on_active is not None:
+    def _changed(self) -> None:
+        # Outside the bus lock: telling the servers waits for their answers, which
+        # arrive on the Dask client's thread, where batches of events are being
+        # delivered under that lock (holding it here deadlocked the two).
+        now = (self.active, self.detail_interval, self.detail_burst)
+        if now != self._told and self._on_active is not None:
+            self._told = now
             self._on_active(self.active)
 
     def receive(self, message: tuple[float, list[dict[str, Any]]]) -> None:

@@ -5,7 +5,7 @@ its actors on one thread, so a server that blocked while waiting for the
 other ranks' pushes would stall every other shard on that worker (and two
 shards waiting for each other's rounds would deadlock). ``async`` methods run
 on the worker's event loop instead: a wait is an ``await`` on the server's
-``asyncio.Condition``, and the loop serves other calls meanwhile. Update
+future (see ``Server._wait``), and the loop serves other calls meanwhile. Update
 arithmetic (``Shard.apply``) runs inline on the loop: it is short and never waits.
 
 Ordering: a rank's pushes may travel on different connections, so each push
@@ -24,7 +24,6 @@ last completed value at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +34,7 @@ from ..events import EventBus, summarize
 from ..optimizers import Optimizer
 from ..shard import Shard
 from ._events import ServerStream
+from ._pack import PACK_BELOW, pack, seal, unpack, unseal
 
 Key = int | str
 
@@ -43,6 +43,11 @@ Key = int | str
 # change the stored array in between. Big values of a rank's own sync round are
 # sent without a copy (no push can change them before that rank pushes again).
 _COPY_BELOW = 1 << 20
+
+
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)  # the waiter re-checks, then names what is missing
 
 
 class ClusterError(RuntimeError):
@@ -80,44 +85,59 @@ class Server:
         self.first_piece: dict[Key, bool] = {}
         self.rounds: dict[Key, _Round] = {}
         self.next_seq: dict[str, int] = {}
+        self._stage: dict[tuple[Key, int], Any] = {}
         self.joined: dict[tuple[str, Key], int] = {}
         self.bytes_in = self.bytes_out = 0
         self.messages = {"push": 0, "pull": 0}
         self._aborted: str | None = None
-        self._cond: asyncio.Condition | None = None
+        self._waiters: dict[asyncio.Future, Callable[[], bool]] = {}
         worker = get_worker()
         self.address = worker.address
         self.stream = ServerStream(
-            self.bus, lambda batch: worker.log_event(self.topic, batch), self._load
+            self.bus,
+            lambda batch: worker.log_event(self.topic, batch),
+            self._load,
+            annotate=self._annotate,
         )
 
     # -- waiting ---------------------------------------------------------------
-    @property
-    def cond(self) -> asyncio.Condition:
-        if self._cond is None:  # made lazily: it must belong to the worker's running loop
-            self._cond = asyncio.Condition()
-        return self._cond
-
     async def _wait(self, ready: Callable[[], bool], missing: Callable[[], str]) -> None:
-        """Wait until ``ready()``; on timeout raise naming ``missing()``."""
+        """Wait until ``ready()``; on timeout raise naming ``missing()``.
+
+        A waiter is a bare future checked by :meth:`_wake` after every state
+        change: the waiting coroutine resumes in the loop's next iteration (an
+        ``asyncio.Condition`` with ``wait_for`` took a task and several
+        iterations to hand the lock around, on the path of every pull)."""
         if ready():
             return
+        loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.timeout
-        async with self.cond:
-            while not ready():
-                if self._aborted is not None:
-                    raise ClusterError(f"server {self.sid}: {self._aborted}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ClusterError(
-                        f"server {self.sid} timed out after {self.timeout:g} s: {missing()}"
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.cond.wait(), left)
+        while not ready():
+            if self._aborted is not None:
+                raise ClusterError(f"server {self.sid}: {self._aborted}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterError(
+                    f"server {self.sid} timed out after {self.timeout:g} s: {missing()}"
+                )
+            future = loop.create_future()
+            self._waiters[future] = ready
+            timer = loop.call_later(left, _expire, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self._waiters.pop(future, None)
 
-    async def _notify(self) -> None:
-        async with self.cond:
-            self.cond.notify_all()
+    def _wake(self) -> None:
+        """Wake the waiters whose condition now holds (all of them after an abort)."""
+        if not self._waiters:
+            return
+        for future, ready in list(self._waiters.items()):
+            if future.done() or self._aborted is not None or ready():
+                del self._waiters[future]
+                if not future.done():
+                    future.set_result(None)
 
     def _missing_ranks(self, key: Key) -> str:
         r = self.rounds[key]
@@ -138,7 +158,7 @@ class Server:
             self.first_piece[key] = self.sid == 0 or piece.size == int(np.prod(shape))
             self.rounds[key] = _Round()
             self.bytes_in += piece.nbytes
-        await self._notify()
+        self._wake()
 
     async def keys(self, wanted: list[Key] | None = None) -> dict[Key, tuple[tuple, str]]:
         """``{key: (shape, dtype)}`` of the wanted keys that exist (all with None)."""
@@ -158,20 +178,30 @@ class Server:
         return {k: self.meta[k] for k in wanted}
 
     # -- push and pull ----------------------------------------------------------
-    async def push(self, sender: str, rank: int, seq: int, items: list[tuple[Key, Any]]) -> None:
-        """Push ``(key, value)`` pairs from ``rank`` (the ``seq``-th push of ``sender``)."""
+    async def push(self, msg: tuple) -> None:
+        """One push message (see :func:`labkv.cluster._store.DistStore._push_impl`):
+        ``((sender, rank, seq, keys, dtypes, big, borrowed), packed, bigs)``,
+        the ``seq``-th push of ``sender``. ``keys[i]`` for ``i`` in ``big`` has
+        its own array in ``bigs`` (in order); the others' values lie in ``packed``
+        (:mod:`._pack`) with this server's piece shapes and the stored dtypes
+        (or ``dtypes``, when given). ``borrowed``: the big arrays are the
+        caller's own (a rank on this worker, which may reuse them at once)."""
+        (sender, rank, seq, keys, dtypes, big, borrowed), packed, bigs = unseal(msg)
         self.messages["push"] += 1
-        await self._wait(
-            lambda: self.next_seq.get(sender, 0) >= seq,
-            lambda: f"push #{self.next_seq.get(sender, 0)} from rank {rank} never arrived",
-        )
+        if self.next_seq.get(sender, 0) < seq:
+            await self._wait(
+                lambda: self.next_seq.get(sender, 0) >= seq,
+                lambda: f"push #{self.next_seq.get(sender, 0)} from rank {rank} never arrived",
+            )
         try:
-            for key, _ in items:
-                if key not in self.meta:
+            values = self.shard.values
+            for key in keys:
+                if key not in values:
                     raise KeyError(f"key {key!r} is not initialised on server {self.sid}")
+            items = self._items(keys, dtypes, big, packed, bigs)
             self.bytes_in += sum(v.nbytes for _, v in items)
             if self.sync:
-                await self._push_sync(sender, rank, items)
+                await self._push_sync(sender, rank, items, borrowed and bool(big))
             else:
                 if self.bus.active:
                     for key, value in items:
@@ -179,9 +209,32 @@ class Server:
                 self.shard.apply([(k, [v]) for k, v in items])
         finally:
             self.next_seq[sender] = seq + 1
-            await self._notify()
+            self._wake()
 
-    async def _push_sync(self, sender: str, rank: int, items: list[tuple[Key, Any]]) -> None:
+    def _items(
+        self, keys: list[Key], dtypes: list | None, big: list[int], packed: Any, bigs: list
+    ) -> list[tuple[Key, Any]]:
+        """``(key, value)`` pairs of a push message (views into ``packed``)."""
+        values = self.shard.values
+        if not big:
+            small_keys = keys
+        else:
+            big_set = set(big)
+            small_keys = [k for i, k in enumerate(keys) if i not in big_set]
+        if small_keys:
+            if dtypes is None:
+                specs = [(values[k].dtype, values[k].shape) for k in small_keys]
+            else:
+                specs = [(d, values[k].shape) for k, d in zip(small_keys, dtypes, strict=True)]
+            small = iter(unpack(packed, specs))
+        if not big:
+            return list(zip(keys, small, strict=True))
+        large = iter(bigs)
+        return [(k, next(large) if i in big_set else next(small)) for i, k in enumerate(keys)]
+
+    async def _push_sync(
+        self, sender: str, rank: int, items: list[tuple[Key, Any]], borrowed: bool
+    ) -> None:
         complete = []
         for key, value in items:
             r = self.rounds[key]
@@ -189,6 +242,8 @@ class Server:
                 await self._wait(
                     lambda r=r: rank not in r.pending, lambda k=key: self._missing_ranks(k)
                 )
+            if borrowed and value.nbytes >= PACK_BELOW:
+                value = self._staged(key, rank, value)
             if not r.pending:
                 r.first_push = time.monotonic()
             r.pending[rank] = value
@@ -200,6 +255,16 @@ class Server:
                 complete.append(key)
         if complete:
             self._complete(complete)
+
+    def _staged(self, key: Key, rank: int, value: Any) -> Any:
+        """A copy of a borrowed value, in this rank's staging buffer for ``key``:
+        free again, since the rank's previous value of the key was applied when
+        its round completed (a rank has at most one value pending per key)."""
+        stage = self._stage.get((key, rank))
+        if stage is None or stage.shape != value.shape or stage.dtype != value.dtype:
+            stage = self._stage[(key, rank)] = np.empty_like(value)
+        np.copyto(stage, value)
+        return stage
 
     def _complete(self, keys: list[Key]) -> None:
         """Apply the rounds of ``keys`` (all ranks pushed) in one ``Shard.apply``."""
@@ -226,14 +291,19 @@ class Server:
         if error is not None:
             raise ClusterError(f"server {self.sid}, keys {keys}: {error.format('(this)')}")
 
-    async def pull(self, sender: str, seq: int, keys: list[Key]) -> list[Any]:
+    async def pull(self, msg: tuple) -> tuple[list[int], Any, list[Any]]:
         """The values of ``keys`` after this sender's first ``seq`` pushes (and,
-        in dist_sync, after the rounds those pushes joined) have been applied."""
+        in dist_sync, after the rounds those pushes joined) have been applied;
+        ``msg = (sender, seq, keys, ())``. Returns ``(big, packed, bigs)``: the
+        values of positions ``big`` in ``bigs``, the others packed (:mod:`._pack`);
+        sealed into one ``bytes`` when ``bigs`` is empty."""
+        sender, seq, keys, _ = unseal(msg)
         self.messages["pull"] += 1
-        await self._wait(
-            lambda: self.next_seq.get(sender, 0) >= seq,
-            lambda: f"push #{self.next_seq.get(sender, 0)} from this worker never arrived",
-        )
+        if self.next_seq.get(sender, 0) < seq:
+            await self._wait(
+                lambda: self.next_seq.get(sender, 0) >= seq,
+                lambda: f"push #{self.next_seq.get(sender, 0)} from this worker never arrived",
+            )
         own_round = set()
         if self.sync:
             for key in keys:
@@ -241,31 +311,48 @@ class Server:
                 if joined is None:
                     continue
                 r = self.rounds[key]
-                await self._wait(
-                    lambda r=r, j=joined: r.done > j, lambda k=key: self._missing_ranks(k)
-                )
+                if r.done <= joined:
+                    await self._wait(
+                        lambda r=r, j=joined: r.done > j, lambda k=key: self._missing_ranks(k)
+                    )
                 if joined in r.errors:
                     raise ClusterError(f"server {self.sid}, key {key!r}: {r.errors[joined]}")
                 own_round.add(key)
-        out = []
-        for key in keys:
+        small, big, bigs = [], [], []
+        nbytes = 0
+        for i, key in enumerate(keys):
             value = self.shard.read(key)
+            nbytes += value.nbytes
+            if value.nbytes < PACK_BELOW:
+                small.append(value)  # packing copies it
+                continue
             if key not in own_round or value.nbytes < _COPY_BELOW:
                 value = value.copy()
-            out.append(value)
-            self.bytes_out += value.nbytes
-        return out
+            big.append(i)
+            bigs.append(value)
+        self.bytes_out += nbytes
+        return seal((big, pack(small) if small else None, bigs))
 
     # -- events -----------------------------------------------------------------
     def _emit_receipt(self, key: Key, value: Any, rank: int) -> None:
-        self.bus.emit(
-            "push",
-            key,
-            value,
-            rank=rank,
-            server=self.sid,
-            extra={"first_piece": self.first_piece[key]},
-        )
+        admitted = self.bus.admit("push", key, int(value.nbytes), rank, self.sid)
+        if admitted:  # else only counted: bus.flush() reports it at the next tick
+            self.bus.emit(
+                "push",
+                key,
+                value,
+                rank=rank,
+                server=self.sid,
+                count=admitted[0],
+                nbytes=admitted[1],
+                extra={"first_piece": self.first_piece[key]},
+            )
+
+    def _annotate(self, event: dict[str, Any]) -> None:
+        """Counted pushes (``bus.flush()``) say whether they are slice 0's too, so
+        that views count each push of a sliced key once."""
+        if event["op"] == "push" and event["extra"].get("tally"):
+            event["extra"]["first_piece"] = self.first_piece.get(event["key"], True)
 
     def _emit_round(self, key: Key, r: _Round, completed: int | None = None) -> None:
         pushed = sorted(r.pending)
@@ -296,10 +383,13 @@ class Server:
             "messages": dict(self.messages),
         }
 
-    async def streaming(self, on: bool) -> None:
-        """Send batched events to the store's topic (on) or stop (off)."""
+    async def streaming(
+        self, on: bool, detail_interval: float = 0.0, detail_burst: int = 1
+    ) -> None:
+        """Send batched events to the store's topic (on) or stop (off); the
+        detail settings are those of the notebook's subscribers."""
         if on:
-            self.stream.start()
+            self.stream.start(detail_interval, detail_burst)
         else:
             self.stream.stop()
 
@@ -351,7 +441,12 @@ class Server:
         self._aborted = reason
         for r in self.rounds.values():
             r.pending, r.first_push = {}, None
-        await self._notify()
+        self._wake()
+
+    async def peek(self, keys: list[Key]) -> list[Any]:
+        """Copies of the stored pieces as they are now: no waiting for rounds or
+        for in-flight pushes, no events (what a monitor draws)."""
+        return [self.shard.read(k).copy() for k in keys]
 
     async def summary(self, key: Key) -> dict[str, float]:
         """min/max/mean/norm of a stored piece (for checks without moving it)."""

@@ -24,6 +24,7 @@ Choices made here, and why:
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from ..store import Items, Key, KVStore
 from ._barrier import EventBarrier
 from ._connect import ClusterHandle, default_handle
 from ._events import ClusterBus, topic_of
+from ._pack import PACK_BELOW, pack, seal, unpack, unseal
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
 from ._server import ClusterError, Server
 
@@ -52,6 +54,12 @@ _ACK_ABOVE = 1 << 20
 # Client-side waits get this much longer than the servers' own, so that the
 # server's error (which names the missing ranks) arrives before ours.
 _GRACE_S = 5.0
+# Server methods a rank calls in-process when the server lives on its own Dask
+# worker (see DistStore._call): those whose arguments the server copies or only
+# reads, and whose results are fresh objects or values the rank may read.
+_LOCAL_METHODS = frozenset({"push", "pull", "keys", "wait_keys", "init"})
+# Methods whose one argument is a message tuple that may travel as one pickled frame.
+_SEALED = frozenset({"push", "pull"})
 
 
 @dataclass
@@ -165,6 +173,28 @@ class DistStore(KVStore):
         self._inflight: list[tuple[int, Any]] = []
         self._pieces: dict[Key, list[Piece]] = {}
         self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
+        self._local: list[Server | None] = [None] * spec.num_servers
+        self._worker = self._loop = None
+        if handle is None:  # a rank: servers on its own Dask worker are called in-process
+            self._find_local_servers()
+
+    def _find_local_servers(self) -> None:
+        try:
+            from distributed import get_worker
+
+            worker = get_worker()
+        except (ImportError, ValueError):  # not in a Dask task
+            return
+        loop = getattr(worker.loop, "asyncio_loop", None)
+        if loop is None or threading.get_ident() == getattr(worker, "thread_id", None):
+            return  # on the loop's own thread a blocking wait would deadlock
+        for s, actor in enumerate(self._servers):
+            if self._spec.server_addresses[s] != worker.address:
+                continue
+            local = worker.state.actors.get(getattr(actor, "key", None))
+            if isinstance(local, Server):
+                self._local[s] = local
+        self._worker, self._loop = worker, loop
 
     # -- identity ----------------------------------------------------------------
     @property
@@ -196,10 +226,53 @@ class DistStore(KVStore):
         )
 
     def _call(self, s: int, method: str, *args: Any) -> Any:
+        """Call a server method: a future with ``result(timeout)`` and ``done()``.
+
+        From a rank (a Dask task), the call is a coroutine put on the worker's
+        event loop with ``run_coroutine_threadsafe``: one hand-off to the loop,
+        and a finished call's result is read without another (an ``Actor``
+        future's ``result()`` always goes through the loop). A server on the
+        rank's own worker is called in-process: no serialisation and no loopback
+        TCP (Dask's actor calls take a socket to the worker's own address), the
+        arguments travel by reference and the server copies what it keeps
+        (``borrowed`` pushes). Other servers get Dask's ``actor_execute``
+        message, as an ``Actor`` sends it. The notebook uses the ``Actor``s."""
+        if self._loop is not None:
+            actor = self._servers[s]
+            future = getattr(actor, "_future", None)
+            if future is not None and future.status not in ("finished", "pending"):
+                raise self._lost(
+                    s, RuntimeError(f"Worker holding Actor was lost ({future.status})")
+                )
+            local = self._local[s]
+            if local is not None and method in _LOCAL_METHODS:
+                if self._worker.state.actors.get(actor.key) is not local:
+                    raise self._lost(s, RuntimeError("the server actor is gone from its worker"))
+                coro = getattr(local, method)(*args)
+            else:
+                coro = self._remote(s, method, args)
+            return asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return getattr(self._servers[s], method)(*args)
         except (OSError, RuntimeError) as exc:  # "Worker holding Actor was lost"
             raise self._lost(s, exc) from exc
+
+    async def _remote(self, s: int, method: str, args: tuple) -> Any:
+        """What ``Actor.<method>(*args)`` sends, awaited on the worker's loop."""
+        from distributed.protocol import to_serialize
+
+        try:
+            reply = await self._worker.rpc(self._spec.server_addresses[s]).actor_execute(
+                function=method,
+                actor=self._servers[s].key,
+                args=[to_serialize(seal(a) if method in _SEALED else a) for a in args],
+                kwargs={},
+            )
+        except OSError as exc:
+            raise OSError(f"Unable to contact Actor's worker: {exc}") from exc
+        if reply["status"] == "OK":
+            return reply["result"]
+        raise reply["exception"]
 
     def _wait_all(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
         """Results of in-flight server calls, in order; every wait is bounded."""
@@ -310,48 +383,111 @@ class DistStore(KVStore):
         wait = nbytes >= _ACK_ABOVE
         calls = []
         for s, batch in per_server.items():
-            if not wait:  # in flight after we return: the caller may reuse its arrays
-                batch = [(k, np.array(v)) for k, v in batch]
             seq = self._sent[s]
             self._sent[s] += 1
-            calls.append((s, self._call(s, "push", self._sender, self._rank, seq, batch)))
+            msg = self._push_message(s, seq, batch, copy=not wait)
+            calls.append((s, self._call(s, "push", msg)))
         if wait:
             self._flush()
             self._wait_all(calls, "push")
         else:
             self._inflight.extend(calls)
 
+    def _push_message(self, s: int, seq: int, batch: list[tuple[Key, Any]], copy: bool) -> tuple:
+        """One server's push message (see :meth:`Server.push`): the small values
+        packed into one buffer (a copy), the big ones as they are, or copied when
+        ``copy`` (a push not waited for: the caller may reuse its arrays at once)."""
+        keys, small, dtypes, big, bigs = [], [], [], [], []
+        differs = False
+        meta = self._meta
+        for i, (key, value) in enumerate(batch):
+            keys.append(key)
+            if value.nbytes < PACK_BELOW:
+                small.append(value)
+                dtypes.append(value.dtype.str)
+                differs = differs or value.dtype != meta[key][1]
+            else:
+                big.append(i)
+                bigs.append(np.array(value) if copy else value)
+        borrowed = not copy and self._local[s] is not None
+        header = (self._sender, self._rank, seq, keys, dtypes if differs else None, big, borrowed)
+        return header, pack(small) if small else None, bigs
+
+    def _piece_spec(self, key: Key, s: int) -> tuple[np.dtype, tuple[int, ...]]:
+        """``(dtype, shape)`` of the piece of ``key`` that server ``s`` holds."""
+        shape, dtype = self._meta[key]
+        pieces = self._pieces[key]
+        if len(pieces) == 1:
+            return dtype, shape
+        p = pieces[s]  # a sliced key has slice s on server s
+        return dtype, (p.stop - p.start,)
+
     def _pull_impl(self, items: Items) -> None:
-        per_server: dict[int, list[Key]] = defaultdict(list)
+        per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
         for key, _ in items:
             for p in self._pieces[key]:
-                if key not in per_server[p.server]:
-                    per_server[p.server].append(key)
+                per_server[p.server][key] = None
         servers = list(per_server)
         calls = [
-            (s, self._call(s, "pull", self._sender, self._sent[s], per_server[s])) for s in servers
+            (s, self._call(s, "pull", (self._sender, self._sent[s], list(per_server[s]), ())))
+            for s in servers
         ]
         self._flush()  # waits concurrently with the pulls: both are already sent
         got: dict[tuple[int, Key], Any] = {}
-        for s, values in zip(servers, self._wait_all(calls, "pull"), strict=True):
-            for key, value in zip(per_server[s], values, strict=True):
-                got[(s, key)] = value
+        for s, reply in zip(servers, self._wait_all(calls, "pull"), strict=True):
+            big, packed, bigs = unseal(reply)
+            keys = list(per_server[s])
+            if big:
+                big_set = set(big)
+                for i, value in zip(big, bigs, strict=True):
+                    got[(s, keys[i])] = value
+                keys = [k for i, k in enumerate(keys) if i not in big_set]
+            if keys:
+                views = unpack(packed, [self._piece_spec(k, s) for k in keys])
+                for key, value in zip(keys, views, strict=True):
+                    got[(s, key)] = value
         for key, outs in items:
             pieces = self._pieces[key]
             if len(pieces) == 1:
                 value = got[(pieces[0].server, key)]
-            else:
-                shape, dtype = self._meta[key]
-                value = np.empty(int(np.prod(shape, dtype=np.int64)), dtype)
-                for p in pieces:
-                    value[p.start : p.stop] = got[(p.server, key)]
-                value = value.reshape(shape)
+                for out in outs:
+                    copy_into(out, value)
+                continue
+            whole = None
             for out in outs:
-                copy_into(out, value)
+                if type(out) is np.ndarray and out.flags.c_contiguous:
+                    flat = out.reshape(-1)  # a view: the slices go straight into out
+                    for p in pieces:
+                        np.copyto(flat[p.start : p.stop], got[(p.server, key)], casting="unsafe")
+                    continue
+                if whole is None:
+                    shape, dtype = self._meta[key]
+                    whole = np.empty(int(np.prod(shape, dtype=np.int64)), dtype)
+                    for p in pieces:
+                        whole[p.start : p.stop] = got[(p.server, key)]
+                    whole = whole.reshape(shape)
+                copy_into(out, whole)
 
     def _new_out(self, key: Key) -> Any:
         shape, dtype = self._meta[key]
         return np.empty(shape, dtype)
+
+    def peek(self, key: Key) -> np.ndarray:
+        """``key``'s value as the servers hold it now, without a pull: no event,
+        no waiting for a round, and safe from another thread (a monitor's). In
+        dist_sync it may be a round behind what a pull after a push returns.
+
+        >>> kv.peek("w")  # doctest: +SKIP
+        array([3., 3., 3.], dtype=float32)
+        """
+        self._check_known([key])
+        pieces = self._pieces[key]
+        calls = [(p.server, self._call(p.server, "peek", [key])) for p in pieces]
+        values = [reply[0] for reply in self._wait_all(calls, "peek")]
+        shape, dtype = self._meta[key]
+        if len(values) == 1:
+            return np.asarray(values[0], dtype=dtype).reshape(shape)
+        return np.concatenate([np.ravel(v) for v in values]).astype(dtype).reshape(shape)
 
     # -- updaters, optimizers, states -------------------------------------------------
     def _set_updater_impl(self, updater: Callable) -> None:
@@ -445,7 +581,8 @@ class DistStore(KVStore):
             client.subscribe_topic(topic, self.events.receive)
         else:
             client.unsubscribe_topic(topic)
-        calls = [(s, self._call(s, "streaming", on)) for s in range(self.num_servers)]
+        detail = (self.events.detail_interval, self.events.detail_burst)
+        calls = [(s, self._call(s, "streaming", on, *detail)) for s in range(self.num_servers)]
         # Wait, so that the next push is streamed; but never on the client's own
         # loop thread (a subscriber added from an event handler): that would deadlock.
         loop_thread = getattr(client.loop.asyncio_loop, "_thread_id", None)

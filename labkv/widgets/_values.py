@@ -58,10 +58,10 @@ def downsample(value: Any, max_points: int = 1000, max_side: int = 96) -> np.nda
 def read_quietly(kv: Any, key: Any, quiet: Any) -> Any:
     """Read ``key`` from ``kv`` without counting it as a user's pull.
 
-    A store with ``peek(key)`` (a read that emits no event) is read with it;
-    otherwise ``kv.pull(key)`` runs inside ``quiet`` (the model's context that
-    ignores this thread's events), so the monitor's per-key pull counts stay
-    exact. Other subscribers of the bus still see such a pull.
+    A store with ``peek(key)`` (a read that emits no event and is safe from the
+    monitor's thread: every labkv store has one) is read with it; otherwise
+    ``kv.pull(key)`` runs inside ``quiet`` (the model's context that ignores
+    this thread's events), so the monitor's per-key pull counts stay exact.
     """
     peek = getattr(kv, "peek", None)
     if callable(peek):
