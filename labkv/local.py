@@ -36,6 +36,7 @@ class LocalStore(KVStore):
         self._shard = Shard(self.events, defer_events=True)
         self._homes = HomeDevices()
         self.events.peek = self._shard.read
+        self._flush_events = self._shard.flush_events  # update events held back by a push
 
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
         placed = []
@@ -60,9 +61,6 @@ class LocalStore(KVStore):
         if self._type == "device":
             self._home_gpus(items)
         self._shard.apply(items)
-
-    def _flush_events(self) -> None:
-        self._shard.flush_events()
 
     def _pull_impl(self, items: Items) -> None:
         read = self._shard.read

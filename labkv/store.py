@@ -211,9 +211,10 @@ class KVStore:
             commit()
         events = self.events
         if events.active:
-            rank = self.rank
+            rank, sizes = self.rank, self._sizes
             for k, values in items:
-                admitted = events.admit("push", k, self._nbytes(k) * len(values), rank)
+                nbytes = (sizes.get(k) or self._nbytes(k)) * len(values)
+                admitted = events.admit("push", k, nbytes, rank)
                 if admitted:
                     self._emit_push(k, values, *admitted)
             self._flush_events()
@@ -284,9 +285,10 @@ class KVStore:
         self._pull_impl(items)
         events = self.events
         if events.active:
-            rank = self.rank
+            rank, sizes = self.rank, self._sizes
             for k, outs in items:
-                admitted = events.admit("pull", k, self._nbytes(k) * len(outs), rank)
+                nbytes = (sizes.get(k) or self._nbytes(k)) * len(outs)
+                admitted = events.admit("pull", k, nbytes, rank)
                 if admitted:
                     events.emit(
                         "pull",
