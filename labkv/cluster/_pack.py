@@ -81,19 +81,29 @@ def unpack(buf: Any, specs: Sequence[Spec]) -> list[np.ndarray]:
 
 
 def seal(msg: tuple) -> tuple | bytes:
-    """A message with no big arrays (its last element, ``bigs``, empty, and a
-    packed buffer under ``PACK_BELOW``) as one pickled ``bytes``: Dask then
-    ships a single frame instead of serialising the tuple's elements one by
-    one (16 vs 47 us per message here). Other messages stay tuples, so that
-    each array goes as its own frame, without a copy. Pickle is what Dask
-    itself uses for these objects.
+    """A message with no big arrays (its last element, ``bigs``, holding no
+    array, and a packed buffer under ``PACK_BELOW``) as one pickled ``bytes``:
+    Dask then ships a single frame instead of serialising the tuple's elements
+    one by one (16 vs 47 us per message here). Other messages stay tuples, so
+    that each array goes as its own frame, without a copy. Pickle is what Dask
+    itself uses for these objects. (A pull's last element is the sealed pushes
+    it carries: ``bytes``, which pickle copies in one piece.)
 
     >>> unseal(seal((1, [2], []))) == (1, [2], [])
     True
+    >>> isinstance(seal((1, [2], (b"push",))), bytes)
+    True
     """
-    if msg[-1] or any(isinstance(x, np.ndarray) and x.nbytes >= PACK_BELOW for x in msg):
+    if not sealable(msg):
         return msg
     return pickle.dumps(msg, protocol=5)
+
+
+def sealable(msg: tuple) -> bool:
+    """Whether :func:`seal` makes ``msg`` one ``bytes``."""
+    return not any(not isinstance(x, bytes) for x in msg[-1]) and not any(
+        isinstance(x, np.ndarray) and x.nbytes >= PACK_BELOW for x in msg
+    )
 
 
 def unseal(msg: tuple | bytes) -> tuple:

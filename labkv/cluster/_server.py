@@ -294,10 +294,22 @@ class Server:
     async def pull(self, msg: tuple) -> tuple[list[int], Any, list[Any]]:
         """The values of ``keys`` after this sender's first ``seq`` pushes (and,
         in dist_sync, after the rounds those pushes joined) have been applied;
-        ``msg = (sender, seq, keys, ())``. Returns ``(big, packed, bigs)``: the
-        values of positions ``big`` in ``bigs``, the others packed (:mod:`._pack`);
-        sealed into one ``bytes`` when ``bigs`` is empty."""
-        sender, seq, keys, _ = unseal(msg)
+        ``msg = (sender, seq, keys, pushes)``. ``pushes``: push messages the
+        sender held back (see ``DistStore._hold``) and folded into this pull;
+        they are applied first, in order, each as :meth:`push` would (all of
+        them, even after one failed; the first error is then this call's).
+        Returns ``(big, packed, bigs)``: the values of positions ``big`` in
+        ``bigs``, the others packed (:mod:`._pack`); sealed into one ``bytes``
+        when ``bigs`` is empty."""
+        sender, seq, keys, pushes = unseal(msg)
+        error = None
+        for push in pushes:
+            try:
+                await self.push(push)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
         self.messages["pull"] += 1
         if self.next_seq.get(sender, 0) < seq:
             await self._wait(

@@ -14,6 +14,11 @@ Choices made here, and why:
   its own writes. A push's error (a lost server, an updater that raised)
   surfaces at the next call. Big pushes are sent without a copy and waited
   for: a copy would cost more than the reply's latency.
+- **A rank holds a small push back and folds it into its next pull** of the
+  same server (see ``DistStore._hold``): one message each way per push+pull
+  instead of two, on both event loops. A timer on the worker's loop sends a
+  held push on its own after ``_HOLD_S`` (another rank's dist_sync round never
+  waits longer than that for it), and every other call sends what is held first.
 - **Per-device values are summed here first** (``dist_device_sync``: on the
   device they live on), so one array per key crosses the network.
 - **Only the store's owner (rank 0, or the notebook when it shares its store
@@ -25,6 +30,7 @@ Choices made here, and why:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 import uuid
@@ -43,7 +49,7 @@ from ..store import Items, Key, KVStore
 from ._barrier import EventBarrier
 from ._connect import ClusterHandle, default_handle
 from ._events import ClusterBus, topic_of
-from ._pack import PACK_BELOW, pack, seal, unpack, unseal
+from ._pack import PACK_BELOW, pack, seal, sealable, unpack, unseal
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
 from ._server import ClusterError, Server
 
@@ -60,6 +66,22 @@ _GRACE_S = 5.0
 _LOCAL_METHODS = frozenset({"push", "pull", "keys", "wait_keys", "init"})
 # Methods whose one argument is a message tuple that may travel as one pickled frame.
 _SEALED = frozenset({"push", "pull"})
+# A held push (see DistStore._hold) goes out on its own after at most this long.
+_HOLD_S = 0.001
+
+
+def _settle(src: Any, dst: concurrent.futures.Future) -> None:
+    """Give ``dst`` the outcome of the finished call ``src`` (a done-callback)."""
+    if dst.done():
+        return
+    try:
+        exc = src.exception()
+    except BaseException as cancelled:  # CancelledError
+        exc = cancelled
+    if exc is None:
+        dst.set_result(None)
+    else:
+        dst.set_exception(exc)
 
 
 @dataclass
@@ -171,6 +193,12 @@ class DistStore(KVStore):
         self._sender = uuid.uuid4().hex
         self._sent = [0] * spec.num_servers
         self._inflight: list[tuple[int, Any]] = []
+        # Held pushes: (server, message, its future in _inflight, when held); the
+        # rank's thread appends and takes them, the loop's timer takes them too.
+        self._held: list[tuple[int, Any, concurrent.futures.Future, float]] = []
+        self._held_lock = threading.Lock()
+        self._timer_armed = False
+        self._last_held = 0.0
         self._pieces: dict[Key, list[Piece]] = {}
         self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
         self._local: list[Server | None] = [None] * spec.num_servers
@@ -236,22 +264,32 @@ class DistStore(KVStore):
         TCP (Dask's actor calls take a socket to the worker's own address), the
         arguments travel by reference and the server copies what it keeps
         (``borrowed`` pushes). Other servers get Dask's ``actor_execute``
-        message, as an ``Actor`` sends it. The notebook uses the ``Actor``s."""
+        message, as an ``Actor`` sends it. The notebook uses the ``Actor``s.
+
+        Held pushes are sent first (a pull takes them along instead, see
+        :meth:`_pull_impl`), so every call sees this rank's earlier pushes."""
+        if self._held and method != "pull":
+            self._release()
+        return self._send(s, method, *args)
+
+    def _coro(self, s: int, method: str, args: tuple) -> Any:
+        """The coroutine of a rank's call (run on the worker's loop); raises at
+        once when the server is known to be lost."""
+        actor = self._servers[s]
+        future = getattr(actor, "_future", None)
+        if future is not None and future.status not in ("finished", "pending"):
+            raise self._lost(s, RuntimeError(f"Worker holding Actor was lost ({future.status})"))
+        local = self._local[s]
+        if local is not None and method in _LOCAL_METHODS:
+            if self._worker.state.actors.get(actor.key) is not local:
+                raise self._lost(s, RuntimeError("the server actor is gone from its worker"))
+            return getattr(local, method)(*args)
+        return self._remote(s, method, args)
+
+    def _send(self, s: int, method: str, *args: Any) -> Any:
+        """:meth:`_call` without sending the held pushes first."""
         if self._loop is not None:
-            actor = self._servers[s]
-            future = getattr(actor, "_future", None)
-            if future is not None and future.status not in ("finished", "pending"):
-                raise self._lost(
-                    s, RuntimeError(f"Worker holding Actor was lost ({future.status})")
-                )
-            local = self._local[s]
-            if local is not None and method in _LOCAL_METHODS:
-                if self._worker.state.actors.get(actor.key) is not local:
-                    raise self._lost(s, RuntimeError("the server actor is gone from its worker"))
-                coro = getattr(local, method)(*args)
-            else:
-                coro = self._remote(s, method, args)
-            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+            return asyncio.run_coroutine_threadsafe(self._coro(s, method, args), self._loop)
         try:
             return getattr(self._servers[s], method)(*args)
         except (OSError, RuntimeError) as exc:  # "Worker holding Actor was lost"
@@ -265,7 +303,10 @@ class DistStore(KVStore):
             reply = await self._worker.rpc(self._spec.server_addresses[s]).actor_execute(
                 function=method,
                 actor=self._servers[s].key,
-                args=[to_serialize(seal(a) if method in _SEALED else a) for a in args],
+                args=[
+                    to_serialize(seal(a) if method in _SEALED and type(a) is tuple else a)
+                    for a in args
+                ],
                 kwargs={},
             )
         except OSError as exc:
@@ -292,8 +333,62 @@ class DistStore(KVStore):
                 raise self._lost(s, exc) from exc
         return results
 
+    # -- held pushes ---------------------------------------------------------------
+    def _hold(self, s: int, msg: Any) -> None:
+        """Hold a push message for server ``s`` back, to fold it into this rank's
+        next pull of that server (:meth:`_pull_impl`); any other call sends it
+        first (:meth:`_call`, :meth:`_flush`), and if none comes, the timer on the
+        worker's loop (:meth:`_tick`) sends it after ``_HOLD_S``. Its future
+        joins ``_inflight``, so its error surfaces as a sent push's would."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._held_lock:
+            now = time.monotonic()
+            self._held.append((s, msg, done, now))
+            self._last_held = now
+            arm, self._timer_armed = not self._timer_armed, True
+        self._inflight.append((s, done))
+        if arm:  # once per burst of pushes: the timer re-arms itself while they go on
+            self._loop.call_soon_threadsafe(self._tick)
+
+    def _take_held(self) -> list[tuple[int, Any, concurrent.futures.Future, float]]:
+        with self._held_lock:
+            held, self._held = self._held, []
+        return held
+
+    def _release(self, held: list | None = None) -> None:
+        """Send held pushes (default: all) as push calls, in order."""
+        for s, msg, done, _ in self._take_held() if held is None else held:
+            try:
+                call = self._send(s, "push", msg)
+            except Exception as exc:  # a lost server: the push's error, as if sent
+                done.set_exception(exc)
+                continue
+            call.add_done_callback(lambda call, done=done: _settle(call, done))
+
+    def _tick(self) -> None:
+        """The hold timer, on the worker's loop: send the held pushes once the
+        oldest has waited ``_HOLD_S``; while pushes keep coming, look again
+        ``_HOLD_S`` after the latest (no hand-off to the loop per push)."""
+        with self._held_lock:
+            now = time.monotonic()
+            since = self._held[0][3] if self._held else self._last_held
+            if now - since < _HOLD_S:
+                self._loop.call_later(since + _HOLD_S - now, self._tick)
+                return
+            held, self._held = self._held, []
+            self._timer_armed = False
+        for s, msg, done, _ in held:
+            try:
+                task = asyncio.ensure_future(self._coro(s, "push", (msg,)))
+            except Exception as exc:
+                done.set_exception(exc)
+                continue
+            task.add_done_callback(lambda task, done=done: _settle(task, done))
+
     def _flush(self) -> None:
         """Wait for the pushes still in flight (raising their errors)."""
+        if self._held:
+            self._release()
         inflight, self._inflight = self._inflight, []
         self._wait_all(inflight, "a push")
 
@@ -381,12 +476,23 @@ class DistStore(KVStore):
                 for p in pieces:
                     per_server[p.server].append((key, flat[p.start : p.stop]))
         wait = nbytes >= _ACK_ABOVE
-        calls = []
+        calls, hold = [], []
         for s, batch in per_server.items():
             seq = self._sent[s]
             self._sent[s] += 1
             msg = self._push_message(s, seq, batch, copy=not wait)
+            # Held: a copied push to a server on this worker, or one that travels as
+            # one frame (folded into a pull, it keeps that pull one pickled frame).
+            if not wait and self._loop is not None:
+                if self._local[s] is not None:
+                    hold.append((s, msg))
+                    continue
+                if sealable(msg):
+                    hold.append((s, seal(msg)))
+                    continue
             calls.append((s, self._call(s, "push", msg)))
+        for s, msg in hold:  # after the calls above: _call sends what was held first
+            self._hold(s, msg)
         if wait:
             self._flush()
             self._wait_all(calls, "push")
@@ -428,8 +534,25 @@ class DistStore(KVStore):
             for p in self._pieces[key]:
                 per_server[p.server][key] = None
         servers = list(per_server)
+        carried: dict[int, list] = defaultdict(list)
+        if self._held:  # this pull's servers get their held pushes with it; others, now
+            others = []
+            for entry in self._take_held():
+                if entry[0] in per_server:
+                    carried[entry[0]].append(entry[1])
+                    entry[2].set_result(None)  # the pull answers for it from now on
+                else:
+                    others.append(entry)
+            self._release(others)
         calls = [
-            (s, self._call(s, "pull", (self._sender, self._sent[s], list(per_server[s]), ())))
+            (
+                s,
+                self._send(
+                    s,
+                    "pull",
+                    (self._sender, self._sent[s], list(per_server[s]), tuple(carried[s])),
+                ),
+            )
             for s in servers
         ]
         self._flush()  # waits concurrently with the pulls: both are already sent
