@@ -10,17 +10,17 @@ import numpy as np
 import labkv
 from labkv.cluster import run
 from labkv.cluster._events import topic_of
+from tests._waiting import wait_until
 
 
 def _wait_for(events, lock, predicate, deadline_s=30.0):
     """Wait (bounded) until some received event satisfies ``predicate``."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
+
+    def seen():
         with lock:
-            if any(predicate(e) for e in events):
-                return True
-        time.sleep(0.05)
-    return False
+            return any(predicate(e) for e in events)
+
+    return wait_until(seen, deadline_s, poll=0.05)
 
 
 def _two_ranks_push(kv):

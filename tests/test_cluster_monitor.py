@@ -11,6 +11,7 @@ import labkv
 from labkv.cluster import run
 from labkv.widgets import monitor
 from labkv.widgets._tables import fanin_table
+from tests._waiting import wait_until
 
 
 def _push_three_times(kv):
@@ -24,15 +25,6 @@ def _lagging_rank(kv, delay):
         time.sleep(delay)
     kv.push("w", np.ones(16, dtype=np.float32))
     return kv.pull("w")
-
-
-def _until(predicate, deadline_s=30.0):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_sliced_key_pushes_are_counted_once_per_rank_push(handle):
@@ -49,7 +41,7 @@ def test_sliced_key_pushes_are_counted_once_per_rank_push(handle):
             stats = mon.model.keys.get("w")
             return stats is not None and stats.pushes == 6
 
-        assert _until(six_pushes), mon.summary()
+        assert wait_until(six_pushes), mon.summary()
         time.sleep(0.5)  # later batches must not add to the count
         mon.refresh()
         assert mon.model.keys["w"].pushes == 6
@@ -75,7 +67,7 @@ def test_fanin_grid_shows_the_lagging_rank_missing(handle):
             rows = fanin_table(mon.model)[1]
             return any(r[0] == "w" and r[-1] == "MISSING" and r[-2] == "pushed" for r in rows)
 
-        assert _until(rank1_missing, 20.0), mon.summary()
+        assert wait_until(rank1_missing, 20.0), mon.summary()
         worker.join(60)
         np.testing.assert_array_equal(done["r"][1], np.full(16, 2.0))
 
@@ -84,7 +76,7 @@ def test_fanin_grid_shows_the_lagging_rank_missing(handle):
             rows = fanin_table(mon.model)[1]
             return any(r[0] == "w" and r[3] == "complete" for r in rows)
 
-        assert _until(complete), mon.summary()
+        assert wait_until(complete), mon.summary()
     finally:
         mon.close()
 

@@ -11,19 +11,11 @@ import pytest
 import labkv
 from labkv.events import Event
 from labkv.widgets import monitor
+from tests._waiting import wait_until
 from tests.test_widgets_model import HOSTILE, SHAPE, _round, run_tutorial
 
 W = pytest.importorskip("ipywidgets")
 pytest.importorskip("jupyter_bokeh")
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 @pytest.fixture
@@ -106,7 +98,7 @@ def test_updates_arrive_live_from_a_background_thread_at_bounded_rate(watched):
     thread = threading.Thread(target=pusher)
     thread.start()
     thread.join()
-    assert wait_for(lambda: "<td>k</td><td>3</td><td>2000</td>" in d.keys.value)
+    assert wait_until(lambda: "<td>k</td><td>3</td><td>2000</td>" in d.keys.value, timeout=5.0)
     elapsed = time.monotonic() - t0
     # the 20 Hz ticker, not the 2000 pushes, paces the writes
     assert 1 <= len(header_writes) <= elapsed * 20 + 3
@@ -132,7 +124,7 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
     thread = threading.Thread(target=kv.events.deliver_many, args=(events,))
     thread.start()
     thread.join()
-    assert wait_for(lambda: "labkv-missing" in d.fanin.value)
+    assert wait_until(lambda: "labkv-missing" in d.fanin.value, timeout=5.0)
     assert (
         '<td class="labkv-pushed">pushed</td><td class="labkv-missing">MISSING</td>'
         in d.fanin.value
@@ -145,7 +137,9 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
         "server 1 out",
     ]
     first = d.fanin.value
-    assert wait_for(lambda: d.fanin.value != first)  # the waiting time keeps counting
+    assert wait_until(
+        lambda: d.fanin.value != first, timeout=5.0
+    )  # the waiting time keeps counting
 
 
 def test_hostile_key_is_text_in_every_widget(watched):
@@ -174,9 +168,9 @@ def test_display_again_close_and_reattach():
     root2 = mon.widget
     assert root2 is not root and mon._ticker.running
     kv2.init("z", np.zeros(2))
-    assert wait_for(lambda: "<td>z</td>" in mon._dashboard.keys.value)
+    assert wait_until(lambda: "<td>z</td>" in mon._dashboard.keys.value, timeout=5.0)
     mon.attach(labkv.create("local"))  # moving on clears the tables
-    assert wait_for(lambda: "no keys yet" in mon._dashboard.keys.value)
+    assert wait_until(lambda: "no keys yet" in mon._dashboard.keys.value, timeout=5.0)
     mon.close()
 
 
