@@ -165,6 +165,9 @@ class EventBus:
         self._lock = threading.Lock()
         self._tally_lock = threading.Lock()
         self._tallies: dict[tuple, list] = {}
+        #: per op, key -> the tally slot of this bus's own rank: a store's hot path
+        #: counts a call there directly while the slot has credits (see admit)
+        self.quick: dict[str, dict[Key, list]] = {"push": {}, "pull": {}}
         #: ``peek(key) -> array`` set by a store whose values can be read cheaply
         #: here; :meth:`flush` then gives tallied changes a fresh value summary.
         self.peek: Callable[[Key], Any] | None = None
@@ -257,7 +260,9 @@ class EventBus:
             return None
         with self._tally_lock:
             if slot is None:
-                self._tallies[(op, key, rank, server)] = [1, nbytes, 1, nbytes, now, 1, 0]
+                slot = self._tallies[(op, key, rank, server)] = [1, nbytes, 1, nbytes, now, 1, 0]
+                if server is None:
+                    self.quick.setdefault(op, {})[key] = slot
                 return 1, nbytes
             if now - slot[4] >= interval:
                 slot[4], slot[5] = now, 0
