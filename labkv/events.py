@@ -39,6 +39,23 @@ Key = int | str
 #: detailed events are used up (so a window may end up to this many calls late)
 _CREDITS = 32
 
+# The fields of a tally slot (a list, for cheap in-place counting): calls and bytes
+# counted by admit(); calls and bytes reported in events so far; the current detail
+# window's start and details used; credits left; calls counted inline by the store
+# (`quick`), the bytes and arrays of one such call.
+(
+    _CALLS,
+    _BYTES,
+    _REPORTED,
+    _REPORTED_BYTES,
+    _WINDOW,
+    _USED,
+    _CREDIT,
+    _QUICK,
+    _UNIT_BYTES,
+    _UNITS,
+) = range(10)
+
 
 @dataclass(slots=True)
 class Event:
@@ -165,9 +182,11 @@ class EventBus:
         self._lock = threading.Lock()
         self._tally_lock = threading.Lock()
         self._tallies: dict[tuple, list] = {}
-        #: per op, key -> the tally slot of this bus's own rank: a store's hot path
-        #: counts a call there directly while the slot has credits (see admit)
+        #: per op, key -> the tally slot of this bus's own rank: while the slot has
+        #: credits and a call has the shape of the last one, a store's hot path counts
+        #: it there itself: ``slot[6] -= 1; slot[7] += 1`` (credits, inline calls)
         self.quick: dict[str, dict[Key, list]] = {"push": {}, "pull": {}}
+        self.quick_push, self.quick_pull = self.quick["push"], self.quick["pull"]
         #: ``peek(key) -> array`` set by a store whose values can be read cheaply
         #: here; :meth:`flush` then gives tallied changes a fresh value summary.
         self.peek: Callable[[Key], Any] | None = None
@@ -226,12 +245,19 @@ class EventBus:
         while events keep being delivered on other threads."""
 
     def admit(
-        self, op: str, key: Key | None, nbytes: int, rank: int = 0, server: int | None = None
+        self,
+        op: str,
+        key: Key | None,
+        nbytes: int,
+        rank: int = 0,
+        server: int | None = None,
+        units: int = 1,
     ) -> tuple[int, int] | None:
         """Whether a call gets a detailed event now: ``(count, nbytes)`` of the
         calls that event stands for, or ``None`` when the call was only tallied
-        (see ``detail_interval`` in :meth:`subscribe`). Call it only when
-        :attr:`active`.
+        (see ``detail_interval`` in :meth:`subscribe`). ``units`` is the number
+        of arrays of the call (its shape, for the store's inline count). Call it
+        only when :attr:`active`.
 
         >>> bus = EventBus("s")
         >>> _ = bus.subscribe(lambda e: None, detail_interval=60)
@@ -242,35 +268,43 @@ class EventBus:
         if not interval:
             return 1, nbytes
         slot = self._tallies.get((op, key, rank, server))
-        # slot: [calls, bytes, calls reported, bytes reported, window start, details used,
-        # credits]. Only the calling thread adds to calls/bytes, without a lock (the
+        # Only the calling thread adds to a slot's calls and bytes, without a lock (the
         # common, cheap path); what was reported changes under the lock, here or in
         # flush(). Credits let a busy loop skip the clock: once a window's details are
-        # used up, the next _CREDITS calls are counted without looking at the time.
-        if slot is not None and slot[6]:
-            slot[6] -= 1
-            slot[0] += 1
-            slot[1] += nbytes
-            return None
+        # used up, the next _CREDITS calls are counted without looking at the time, by
+        # the store itself while they have the shape of the last call (see `quick`).
+        if slot is not None:
+            quick = slot[_QUICK]
+            if quick:  # fold the store's inline counts: zero first, flush() may be reading
+                slot[_QUICK] = 0
+                slot[_CALLS] += quick
+                slot[_BYTES] += quick * slot[_UNIT_BYTES]
+            slot[_UNIT_BYTES], slot[_UNITS] = nbytes, units
+            if slot[_CREDIT]:
+                slot[_CREDIT] -= 1
+                slot[_CALLS] += 1
+                slot[_BYTES] += nbytes
+                return None
         now = time.monotonic()
-        if slot is not None and now - slot[4] < interval and slot[5] >= self.detail_burst:
-            slot[6] = _CREDITS
-            slot[0] += 1
-            slot[1] += nbytes
+        if slot is not None and now - slot[_WINDOW] < interval and slot[_USED] >= self.detail_burst:
+            slot[_CREDIT] = _CREDITS
+            slot[_CALLS] += 1
+            slot[_BYTES] += nbytes
             return None
         with self._tally_lock:
             if slot is None:
-                slot = self._tallies[(op, key, rank, server)] = [1, nbytes, 1, nbytes, now, 1, 0]
-                if server is None:
-                    self.quick.setdefault(op, {})[key] = slot
+                slot = [1, nbytes, 1, nbytes, now, 1, 0, 0, nbytes, units]
+                self._tallies[(op, key, rank, server)] = slot
+                if server is None and op in self.quick:
+                    self.quick[op][key] = slot
                 return 1, nbytes
-            if now - slot[4] >= interval:
-                slot[4], slot[5] = now, 0
-            slot[0] += 1
-            slot[1] += nbytes
-            slot[5] += 1
-            count, total = slot[0] - slot[2], slot[1] - slot[3]
-            slot[2], slot[3] = slot[0], slot[1]
+            if now - slot[_WINDOW] >= interval:
+                slot[_WINDOW], slot[_USED] = now, 0
+            slot[_CALLS] += 1
+            slot[_BYTES] += nbytes
+            slot[_USED] += 1
+            count, total = slot[_CALLS] - slot[_REPORTED], slot[_BYTES] - slot[_REPORTED_BYTES]
+            slot[_REPORTED], slot[_REPORTED_BYTES] = slot[_CALLS], slot[_BYTES]
             return count, total
 
     def flush(self) -> int:
@@ -290,10 +324,14 @@ class EventBus:
         due = []
         with self._tally_lock:
             for k, slot in list(self._tallies.items()):
-                calls, nbytes = slot[0], slot[1]
-                if calls != slot[2]:
-                    due.append((k, calls - slot[2], nbytes - slot[3]))
-                    slot[2], slot[3] = calls, nbytes
+                # calls and bytes before the inline count: a fold in between can only
+                # make this total fall short for now, never count a call twice
+                calls, nbytes = slot[_CALLS], slot[_BYTES]
+                quick = slot[_QUICK]
+                calls, nbytes = calls + quick, nbytes + quick * slot[_UNIT_BYTES]
+                if calls > slot[_REPORTED]:
+                    due.append((k, calls - slot[_REPORTED], nbytes - slot[_REPORTED_BYTES]))
+                    slot[_REPORTED], slot[_REPORTED_BYTES] = calls, nbytes
         peek = self.peek
         for (op, key, rank, server), count, nbytes in due:
             summary = summarize(peek(key)) if peek is not None and server is None else None

@@ -211,16 +211,15 @@ class KVStore:
             commit()
         events = self.events
         if events.active:
-            rank, sizes, quick = self.rank, self._sizes, events.quick["push"]
+            quick = events.quick_push
             for k, values in items:
-                nbytes = (sizes.get(k) or self._nbytes(k)) * len(values)
                 slot = quick.get(k)
-                if slot is not None and slot[6]:  # EventBus.admit's cheap path, inlined
-                    slot[6] -= 1
-                    slot[0] += 1
-                    slot[1] += nbytes
+                if slot is not None and slot[6] and slot[9] == len(values):
+                    slot[6] -= 1  # EventBus.quick: a credit spent, one inline call counted
+                    slot[7] += 1
                     continue
-                admitted = events.admit("push", k, nbytes, rank)
+                nbytes = self._nbytes(k) * len(values)
+                admitted = events.admit("push", k, nbytes, self.rank, None, len(values))
                 if admitted:
                     self._emit_push(k, values, *admitted)
             self._flush_events()
@@ -291,16 +290,16 @@ class KVStore:
         self._pull_impl(items)
         events = self.events
         if events.active:
-            rank, sizes, quick = self.rank, self._sizes, events.quick["pull"]
+            quick = events.quick_pull
             for k, outs in items:
-                nbytes = (sizes.get(k) or self._nbytes(k)) * len(outs)
                 slot = quick.get(k)
-                if slot is not None and slot[6]:  # EventBus.admit's cheap path, inlined
-                    slot[6] -= 1
-                    slot[0] += 1
-                    slot[1] += nbytes
+                if slot is not None and slot[6] and slot[9] == len(outs):
+                    slot[6] -= 1  # EventBus.quick: a credit spent, one inline call counted
+                    slot[7] += 1
                     continue
-                admitted = events.admit("pull", k, nbytes, rank)
+                nbytes = self._nbytes(k) * len(outs)
+                rank = self.rank
+                admitted = events.admit("pull", k, nbytes, rank, None, len(outs))
                 if admitted:
                     events.emit(
                         "pull",

@@ -98,3 +98,41 @@ def test_summarize_handles_empty_and_integer_arrays():
     assert summarize(np.zeros(0))["norm"] == 0.0
     with pytest.raises(TypeError):
         EventBus("s").subscribe("not callable")
+
+
+def test_throttled_counts_stay_exact_under_a_busy_loop_and_concurrent_flushes():
+    kv = labkv.create()
+    kv.init("k", np.zeros(4, np.float32))
+    got: list[Event] = []
+    lock = threading.Lock()
+
+    def record(event):
+        with lock:
+            got.append(event)
+
+    kv.events.subscribe(record, detail_interval=60, detail_burst=2)
+    stop = threading.Event()
+
+    def keep_flushing():  # what a monitor's refresh thread does
+        while not stop.is_set():
+            kv.events.flush()
+
+    flusher = threading.Thread(target=keep_flushing)
+    flusher.start()
+    one, two = [np.ones(4, np.float32)], [np.ones(4, np.float32)] * 2
+    pushes = [one if i % 7 else two for i in range(3000)]  # the shape changes now and then
+    try:
+        for values in pushes:
+            kv.push("k", values)
+            kv.pull("k", out=np.empty(4, np.float32))
+    finally:
+        stop.set()
+        flusher.join()
+    kv.events.flush()
+    pushed = [e for e in got if e.op == "push"]
+    pulled = [e for e in got if e.op == "pull"]
+    assert sum(e.count for e in pushed) == len(pushes)
+    assert sum(e.nbytes for e in pushed) == 16 * sum(len(v) for v in pushes)
+    assert sum(e.count for e in pulled) == len(pushes)
+    assert sum(e.nbytes for e in pulled) == 16 * len(pushes)
+    assert len([e for e in pushed if not e.extra.get("tally")]) == 2  # the detail budget
