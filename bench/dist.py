@@ -7,12 +7,17 @@ S = 1 and S = 2 servers: push+pull per iteration of a 16 MiB model (1 key; 4
 keys of 4 MiB), 200 keys x 1 KiB, one tiny key, and a barrier. The baseline is
 a task on one worker echoing the same bytes through one call to the other
 worker: to an async actor method (what labkv's servers are), and to a plain
-worker comm handler (the "worker extension" alternative). A benchmark, not a
-test: it prints a table, it asserts nothing.
+worker comm handler (the "worker extension" alternative). The echo runs on the
+store's own cluster (whose workers reuse big buffers, see
+``labkv.cluster._connect._MALLOC_ENV``) and once more on a cluster with Dask's
+default worker environment (every buffer over 128 KiB a fresh mmap), the
+baseline as Dask ships. A benchmark, not a test: it prints a table, it asserts
+nothing.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -109,10 +114,42 @@ def _ranks(kv, case, iters):
     return elapsed, load
 
 
+def _default_environ_echo(scale: int) -> dict[str, float]:
+    """The actor echo (16 MiB, tiny) on a cluster with Dask's default worker
+    environment: its MALLOC_TRIM_THRESHOLD_ freezes glibc's mmap threshold at
+    128 KiB, which this mmap threshold restates (and so overrides labkv's)."""
+    import dask
+
+    from labkv.cluster import connect
+
+    default = {"distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 128 << 10}
+    # A Nanny copies its pre-spawn environment into this process's os.environ,
+    # which wins over the config for the clusters started after it: restore it.
+    saved = dict(os.environ)
+    try:
+        with dask.config.set(default), connect(n_workers=2, dashboard_address=None) as handle:
+            client = handle.client
+            a, b = handle.workers()
+            actor = client.submit(Echo, actor=True, workers=[b], pure=False).result()
+            return {
+                label: min(
+                    client.submit(
+                        _actor_echo, actor, nbytes, iters // scale, workers=[a], pure=False
+                    ).result()
+                    for _ in range(3)
+                )
+                for label, nbytes, iters in (("16MiB", 16 * MIB, 30), ("tiny", 4, 400))
+            }
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def main(quick: bool = False, repeats: int = 3) -> None:
     from labkv.cluster import connect, run
 
     scale = 4 if quick else 1
+    dask_default = _default_environ_echo(scale)
     with connect(n_workers=2, dashboard_address=None) as handle:
         client = handle.client
         a, b = handle.workers()
@@ -172,14 +209,26 @@ def main(quick: bool = False, repeats: int = 3) -> None:
         f"  worker comm handler: 16 MiB {base[('handler', '16MiB')] * 1e3:7.2f}   "
         f"tiny {base[('handler', 'tiny')] * 1e3:6.3f}"
     )
+    print(
+        f"  actor, Dask's default worker environment: 16 MiB "
+        f"{dask_default['16MiB'] * 1e3:7.2f}   tiny {dask_default['tiny'] * 1e3:6.3f}"
+    )
     print()
     print(
         f"labkv dist_sync, W = 2 ranks, push+pull per iteration (ms, median of {repeats} runs;\n"
-        "ratio to the actor echo of the same bytes (16 MiB or tiny) measured just before, median)"
+        "ratio to the actor echo of the same bytes (16 MiB or tiny) measured just before, median;\n"
+        "x dflt: ratio to the echo on Dask's default worker environment)"
     )
-    print(f"{'case':<12}{'S=1 ms':>10}{'S=2 ms':>10}{'S=1 x echo':>12}{'S=2 x echo':>12}")
+    print(
+        f"{'case':<12}{'S=1 ms':>10}{'S=2 ms':>10}{'S=1 x echo':>12}{'S=2 x echo':>12}"
+        f"{'S=1 x dflt':>12}{'S=2 x dflt':>12}"
+    )
     for case, t1, t2, r1, r2, _ in rows:
-        print(f"{case:<12}{t1 * 1e3:>10.2f}{t2 * 1e3:>10.2f}{r1:>12.2f}{r2:>12.2f}")
+        dflt = dask_default["16MiB" if "MiB" in case else "tiny"]
+        print(
+            f"{case:<12}{t1 * 1e3:>10.2f}{t2 * 1e3:>10.2f}{r1:>12.2f}{r2:>12.2f}"
+            f"{t1 / dflt:>12.2f}{t2 / dflt:>12.2f}"
+        )
     print()
     print("per-server traffic per iteration (MiB in / out, from the servers' byte counters):")
     for case, *_, loads in rows:

@@ -1,0 +1,50 @@
+"""The embedded cluster's worker environment: glibc told to reuse big buffers,
+unless the user configured it otherwise."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("distributed")
+
+import dask
+
+from labkv.cluster import connect
+
+MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def _malloc_env() -> tuple[str | None, str | None]:
+    return tuple(os.environ.get(name) for name in MALLOC_VARS)
+
+
+@pytest.fixture
+def clean_environ():
+    """A Nanny copies its pre-spawn environment into this process's os.environ,
+    where it would win over the config: start without it, and restore it after."""
+    saved = dict(os.environ)
+    for name in MALLOC_VARS:
+        os.environ.pop(name, None)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _worker_malloc_env() -> set[tuple[str | None, str | None]]:
+    with connect(n_workers=1, dashboard_address=None, set_as_default=False) as handle:
+        return set(handle.client.run(_malloc_env).values())
+
+
+def test_embedded_workers_keep_big_buffers_for_reuse(clean_environ):
+    assert _worker_malloc_env() == {(str(64 << 20), str(128 << 20))}
+
+
+def test_a_configured_mmap_threshold_wins(clean_environ):
+    key = "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_"
+    with dask.config.set({key: 1 << 20}):
+        got = _worker_malloc_env()
+    # Dask's own trim setting is left as Dask configures it.
+    trim = dask.config.get("distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_")
+    assert got == {(str(1 << 20), str(trim))}
