@@ -9,6 +9,7 @@ import numpy as np
 
 import labkv
 from labkv.cluster import run
+from labkv.cluster._events import topic_of
 from labkv.widgets import monitor
 from labkv.widgets._tables import fanin_table
 from tests._waiting import wait_until
@@ -104,3 +105,49 @@ def test_peek_reads_without_events_while_ranks_run(handle):
     np.testing.assert_array_equal(results[1], np.full(16, 2.0))
     assert reads and set(reads) <= {0.0, 2.0}
     np.testing.assert_array_equal(kv.peek("w"), np.full(16, 2.0))
+
+
+def _pull_often(kv, pulls):
+    kv.push("w", np.ones(16, dtype=np.float32))
+    out = np.empty(16, dtype=np.float32)
+    for _ in range(pulls):
+        kv.pull("w", out=out)
+    return out
+
+
+def test_ranks_pulls_reach_the_monitor_counted_exactly(handle):
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=1)
+    mon = monitor(kv)
+    try:
+        kv.init("w", np.zeros(16, dtype=np.float32))
+        # 200 pulls per rank: most only counted on the rank (4 detailed per 100 ms).
+        results = run(_pull_often, num_workers=2, kvstore=kv, args=(200,))
+        np.testing.assert_array_equal(results[1], np.full(16, 2.0))
+
+        def all_pulls():
+            mon.refresh()
+            stats = mon.model.keys.get("w")
+            return stats is not None and stats.pulls == 400
+
+        assert wait_until(all_pulls), mon.summary()
+        time.sleep(0.3)  # later batches must not add to the count
+        mon.refresh()
+        stats = mon.model.keys["w"]
+        assert (stats.pulls, stats.pushes) == (400, 2)  # pushes: counted by the server only
+        assert stats.bytes_out == 400 * 64
+        rank_views = {(e.rank, e.op) for e in mon.model.events(key="w") if e.server is None}
+        assert {(0, "push"), (1, "push"), (0, "pull"), (1, "pull")} <= rank_views
+    finally:
+        mon.close()
+        kv.close()
+
+
+def test_unwatched_ranks_send_no_events(handle):
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=1)
+    try:
+        kv.init("w", np.zeros(16, dtype=np.float32))
+        run(_pull_often, num_workers=2, kvstore=kv, args=(5,))
+        time.sleep(0.3)  # longer than a flush interval: a stray batch would be there
+        assert handle.client.get_events(topic_of(kv._id)) == ()
+    finally:
+        kv.close()

@@ -1,15 +1,19 @@
 """Events from the cluster: batched on each server, delivered on the notebook's bus.
 
 A server's :class:`Shard` and its round bookkeeping emit ordinary
-:class:`~labkv.events.Event` objects on the server's own bus. While the
-notebook has a subscriber, a :class:`ServerStream` collects them and sends
-one ``Worker.log_event`` message per server every ~100 ms (never one per
-push) on the store's topic; the notebook's :class:`ClusterBus` receives them
-through ``Client.subscribe_topic`` and hands them to its subscribers with
-``bus.deliver``, so a view cannot tell a cluster event from a local one.
+:class:`~labkv.events.Event` objects on the server's own bus, and so does the
+store of each rank of ``run(fn, kvstore=kv)`` (its pushes and pulls, as the
+ranks see them). While the notebook has a subscriber, an :class:`EventStream`
+per server and per rank collects them and sends one ``Worker.log_event``
+message every ~100 ms (never one per push) on the store's topic; the
+notebook's :class:`ClusterBus` receives them through ``Client.subscribe_topic``
+and hands them to its subscribers with ``bus.deliver``, so a view cannot tell
+a cluster event from a local one.
 
 Nobody subscribed means nothing is built or sent: the server's bus is inactive
-(``Shard`` checks ``bus.active``) and no flush task runs.
+(``Shard`` checks ``bus.active``), no flush task runs, and ranks start no stream
+(a rank streams when the notebook's store had subscribers as ``run`` started:
+``run`` blocks the notebook, so they cannot change meanwhile).
 
 A server's stream subscribes with the detail the notebook's subscribers ask
 for (``detail_interval``/``detail_burst`` of :meth:`EventBus.subscribe`; the
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -54,20 +59,23 @@ def topic_of(store_id: str) -> str:
     return f"labkv-events-{store_id}"
 
 
-class ServerStream:
-    """Collects one server's events and sends them in batches while on."""
+class EventStream:
+    """Collects one bus's events and sends them in batches while on: a server's
+    (with its ``load``), or a rank's, whose events are made on the rank's thread
+    while the flushes run on the worker's event loop (hence the lock)."""
 
     def __init__(
         self,
         bus: EventBus,
         send: Callable[[list[dict[str, Any]]], None],
-        load: Callable[[], dict[str, Any]],
+        load: Callable[[], dict[str, Any]] | None = None,
         interval: float = FLUSH_INTERVAL_S,
         annotate: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.bus, self.send, self.load, self.interval = bus, send, load, interval
         self.annotate = annotate
         self.buffer: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
         self._sub: Subscription | None = None
         self._task: asyncio.Task | None = None
         self._last_load: dict[str, Any] | None = None
@@ -80,7 +88,13 @@ class ServerStream:
         data = event.to_dict()
         if self.annotate is not None:
             self.annotate(data)
-        self.buffer.append(data)
+        with self._lock:
+            self.buffer.append(data)
+
+    def _take(self) -> list[dict[str, Any]]:
+        with self._lock:
+            batch, self.buffer = self.buffer, []
+        return batch
 
     def start(self, detail_interval: float = 0.0, detail_burst: int = 1) -> None:
         """Start collecting and flushing (runs on the worker's event loop), with
@@ -117,14 +131,13 @@ class ServerStream:
         flush) and, when it changed, one ``load`` event."""
         if self._sub is not None:
             self.bus.flush()  # counted calls -> count-carrying events, into the buffer
-        batch, self.buffer = self.buffer, []
-        load = self.load()
-        if load != self._last_load:
+        batch = self._take()
+        load = self.load() if self.load is not None else None
+        if load is not None and load != self._last_load:
             self._last_load = dict(load)
             event = self.bus.emit("load", None, server=load.pop("server"), extra=load)
             if event is not None:  # emitted into self.buffer by our own subscriber
-                batch.extend(self.buffer)
-                self.buffer = []
+                batch.extend(self._take())
         if batch:
             self.send(batch)
 

@@ -17,6 +17,7 @@ event, cancels the other ranks and raises naming the rank or server lost.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -28,11 +29,14 @@ import distributed
 
 from ._barrier import clear_barrier
 from ._connect import ClusterHandle, default_handle
+from ._events import EventStream, topic_of
 from ._placement import DEFAULT_BIGARRAY_BOUND
 from ._server import ClusterError
 from ._store import ASYNC_KINDS, DEFAULT_TIMEOUT_S, SYNC_KINDS, DistStore, StoreSpec, start_servers
 
 _POLL_S = 0.25
+# A call onto the rank's own worker loop (never waits on another process).
+_LOOP_CALL_S = 30.0
 
 
 def _rank_main(
@@ -44,12 +48,40 @@ def _rank_main(
     owner: bool,
     args: tuple,
     kwargs: dict,
+    detail: tuple[float, int] | None = None,
 ) -> tuple[Any, int]:
-    """The task of one rank: build its store, run ``fn``, wait for its pushes."""
+    """The task of one rank: build its store, run ``fn``, wait for its pushes.
+    With ``detail`` (the notebook's subscribers' ``(detail_interval,
+    detail_burst)``), the rank's events go to the store's topic meanwhile."""
     kv = DistStore(spec, servers, rank, num_workers, owner=owner)
-    result = fn(kv, *args, **kwargs)
-    kv._flush()
+    stop_stream = _stream_events(kv, *detail) if detail is not None else None
+    try:
+        result = fn(kv, *args, **kwargs)
+        kv._flush()
+    finally:
+        if stop_stream is not None:
+            stop_stream()
     return result, kv._event_barrier.generation
+
+
+def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> Callable[[], None]:
+    """Send a rank's events to its store's topic, batched on the worker's loop
+    (as a server's are); returns the function that sends the rest and stops."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    topic = topic_of(kv._spec.store_id)
+    stream = EventStream(kv.events, lambda batch: worker.log_event(topic, batch))
+    loop = worker.loop.asyncio_loop
+
+    async def start() -> None:
+        stream.start(detail_interval, detail_burst)
+
+    async def stop() -> None:
+        stream.stop()
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=_LOOP_CALL_S)
+    return lambda: asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=_LOOP_CALL_S)
 
 
 def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reason: str) -> None:
@@ -139,8 +171,9 @@ def run(
     ``kvstore`` is a type (new servers are started for this run, ``num_servers``
     of them, default ``num_workers``, and released after it) or a store made
     in this process with ``labkv.create`` (its servers are shared: the notebook
-    watches the ranks' keys; it owns init and the optimizer, and its own
-    pushes should wait until the run is over). ``num_workers`` defaults to all
+    watches the ranks' keys, and a monitor of that store sees the servers' and
+    the ranks' events; it owns init and the optimizer, and its own pushes should
+    wait until the run is over). ``num_workers`` defaults to all
     the cluster's workers; asking for more fails at once. ``timeout`` bounds
     every wait of the ranks (rounds, init, barrier); ``bigarray_bound`` is the
     size from which values are sliced across servers.
@@ -189,6 +222,9 @@ def run(
             kvstore, store_id, num_servers, addresses, int(bigarray_bound), float(timeout), group
         )
     rank_workers = workers[:num_workers]
+    # The notebook watches the shared store: the ranks stream their own events too.
+    watched = shared and kvstore.events.active
+    detail = (kvstore.events.detail_interval, kvstore.events.detail_burst) if watched else None
     futures = [
         client.submit(
             _rank_main,
@@ -200,6 +236,7 @@ def run(
             not shared and rank == 0,
             tuple(args),
             kwargs,
+            detail,
             key=f"labkv-rank-{group}-{rank}",
             workers=[rank_workers[rank]],
             allow_other_workers=False,

@@ -33,7 +33,7 @@ import numpy as np
 from ..events import EventBus, summarize
 from ..optimizers import Optimizer
 from ..shard import Shard
-from ._events import ServerStream
+from ._events import EventStream
 from ._pack import PACK_BELOW, pack, seal, unpack, unseal
 
 Key = int | str
@@ -93,7 +93,7 @@ class Server:
         self._waiters: dict[asyncio.Future, Callable[[], bool]] = {}
         worker = get_worker()
         self.address = worker.address
-        self.stream = ServerStream(
+        self.stream = EventStream(
             self.bus,
             lambda batch: worker.log_event(self.topic, batch),
             self._load,
