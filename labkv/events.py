@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import threading
 import time
 import warnings
@@ -36,13 +37,15 @@ __all__ = ["Event", "EventBus", "Subscription", "summarize"]
 Key = int | str
 
 #: calls a busy (op, key) is counted without reading the clock, once its window's
-#: detailed events are used up (so a window may end up to this many calls late)
-_CREDITS = 32
+#: detailed events are used up: as many as its rate so far fills the rest of the
+#: window with, within these bounds (a window ends at most one grant late)
+_CREDITS_MIN, _CREDITS_MAX = 32, 1024
 
 # The fields of a tally slot (a list, for cheap in-place counting): calls and bytes
 # counted by admit(); calls and bytes reported in events so far; the current detail
-# window's start and details used; credits left; calls counted inline by the store
-# (`quick`), the bytes and arrays of one such call.
+# window's start, details used and calls before it; credits left for calls through
+# admit(); the credits the store spends itself (`quick`): ``(iterator, granted)``, one
+# tuple so that another thread reads both at once; the bytes of one such call.
 (
     _CALLS,
     _BYTES,
@@ -50,11 +53,21 @@ _CREDITS = 32
     _REPORTED_BYTES,
     _WINDOW,
     _USED,
+    _WINDOW_CALLS,
     _CREDIT,
     _QUICK,
     _UNIT_BYTES,
-    _UNITS,
 ) = range(10)
+
+#: no credits: ``next(_SPENT, False)`` is False, so the store asks admit()
+_SPENT = itertools.repeat(True, 0)
+_NO_QUICK = (_SPENT, 0)
+
+
+def _spent(quick: tuple[Any, int]) -> int:
+    """Calls the store counted inline with a ``(credits, granted)`` grant."""
+    credits, granted = quick
+    return granted - operator.length_hint(credits) if granted else 0
 
 
 @dataclass(slots=True)
@@ -182,10 +195,11 @@ class EventBus:
         self._lock = threading.Lock()
         self._tally_lock = threading.Lock()
         self._tallies: dict[tuple, list] = {}
-        #: per op, key -> the tally slot of this bus's own rank: while the slot has
-        #: credits and a call has the shape of the last one, a store's hot path counts
-        #: it there itself: ``slot[6] -= 1; slot[7] += 1`` (credits, inline calls)
-        self.quick: dict[str, dict[Key, list]] = {"push": {}, "pull": {}}
+        #: per op, key -> credits a store's hot path spends itself on calls of one
+        #: array each (this bus's own rank): ``next(credits, False)`` is True for a
+        #: call counted that way, False once they are spent (then it calls admit());
+        #: one C call per counted call, the cheapest count Python has
+        self.quick: dict[str, dict[Key, Any]] = {"push": {}, "pull": {}}
         self.quick_push, self.quick_pull = self.quick["push"], self.quick["pull"]
         #: ``peek(key) -> array`` set by a store whose values can be read cheaply
         #: here; :meth:`flush` then gives tallied changes a fresh value summary.
@@ -256,8 +270,8 @@ class EventBus:
         """Whether a call gets a detailed event now: ``(count, nbytes)`` of the
         calls that event stands for, or ``None`` when the call was only tallied
         (see ``detail_interval`` in :meth:`subscribe`). ``units`` is the number
-        of arrays of the call (its shape, for the store's inline count). Call it
-        only when :attr:`active`.
+        of arrays of the call (only calls of one array are counted inline by the
+        store, see :attr:`quick`). Call it only when :attr:`active`.
 
         >>> bus = EventBus("s")
         >>> _ = bus.subscribe(lambda e: None, detail_interval=60)
@@ -271,35 +285,45 @@ class EventBus:
         # Only the calling thread adds to a slot's calls and bytes, without a lock (the
         # common, cheap path); what was reported changes under the lock, here or in
         # flush(). Credits let a busy loop skip the clock: once a window's details are
-        # used up, the next _CREDITS calls are counted without looking at the time, by
-        # the store itself while they have the shape of the last call (see `quick`).
+        # used up, the next calls (a grant of credits) are counted without looking at
+        # the time, by the store itself for calls of one array (see `quick`), else here.
         if slot is not None:
-            quick = slot[_QUICK]
-            if quick:  # fold the store's inline counts: zero first, flush() may be reading
-                slot[_QUICK] = 0
-                slot[_CALLS] += quick
-                slot[_BYTES] += quick * slot[_UNIT_BYTES]
-            slot[_UNIT_BYTES], slot[_UNITS] = nbytes, units
+            if slot[_QUICK][1]:
+                # Fold the store's inline counts: clear the grant first (flush() may be
+                # reading), and take the spent credits away from the store's hot path.
+                quick, slot[_QUICK] = slot[_QUICK], _NO_QUICK
+                self.quick[op][key] = _SPENT
+                spent = _spent(quick)
+                slot[_CALLS] += spent
+                slot[_BYTES] += spent * slot[_UNIT_BYTES]
             if slot[_CREDIT]:
                 slot[_CREDIT] -= 1
                 slot[_CALLS] += 1
                 slot[_BYTES] += nbytes
                 return None
         now = time.monotonic()
-        if slot is not None and now - slot[_WINDOW] < interval and slot[_USED] >= self.detail_burst:
-            slot[_CREDIT] = _CREDITS
+        elapsed = now - slot[_WINDOW] if slot is not None else interval
+        if elapsed < interval and slot[_USED] >= self.detail_burst:
             slot[_CALLS] += 1
             slot[_BYTES] += nbytes
+            busy = slot[_CALLS] - slot[_WINDOW_CALLS]
+            rate_fill = busy * (interval - elapsed) / max(elapsed, 1e-6)
+            grant = min(max(int(rate_fill), _CREDITS_MIN), _CREDITS_MAX)
+            if units == 1 and server is None and op in self.quick:
+                credits = itertools.repeat(True, grant)
+                slot[_UNIT_BYTES] = nbytes
+                slot[_QUICK] = (credits, grant)
+                self.quick[op][key] = credits
+            else:
+                slot[_CREDIT] = grant
             return None
         with self._tally_lock:
             if slot is None:
-                slot = [1, nbytes, 1, nbytes, now, 1, 0, 0, nbytes, units]
+                slot = [1, nbytes, 1, nbytes, now, 1, 0, 0, _NO_QUICK, nbytes]
                 self._tallies[(op, key, rank, server)] = slot
-                if server is None and op in self.quick:
-                    self.quick[op][key] = slot
                 return 1, nbytes
             if now - slot[_WINDOW] >= interval:
-                slot[_WINDOW], slot[_USED] = now, 0
+                slot[_WINDOW], slot[_USED], slot[_WINDOW_CALLS] = now, 0, slot[_CALLS]
             slot[_CALLS] += 1
             slot[_BYTES] += nbytes
             slot[_USED] += 1
@@ -327,8 +351,8 @@ class EventBus:
                 # calls and bytes before the inline count: a fold in between can only
                 # make this total fall short for now, never count a call twice
                 calls, nbytes = slot[_CALLS], slot[_BYTES]
-                quick = slot[_QUICK]
-                calls, nbytes = calls + quick, nbytes + quick * slot[_UNIT_BYTES]
+                spent = _spent(slot[_QUICK])
+                calls, nbytes = calls + spent, nbytes + spent * slot[_UNIT_BYTES]
                 if calls > slot[_REPORTED]:
                     due.append((k, calls - slot[_REPORTED], nbytes - slot[_REPORTED_BYTES]))
                     slot[_REPORTED], slot[_REPORTED_BYTES] = calls, nbytes

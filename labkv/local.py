@@ -37,6 +37,7 @@ class LocalStore(KVStore):
         self._homes = HomeDevices()
         self.events.peek = self._shard.read
         self._flush_events = self._shard.flush_events  # update events held back by a push
+        self._deferred_events = self._shard.deferred
 
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
         placed = []

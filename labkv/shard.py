@@ -55,7 +55,8 @@ class Shard:
         # With defer_events, update events wait in here until flush_events(), so a
         # store can report the push first and the update it caused second.
         self.defer_events = defer_events
-        self._deferred: list[tuple[tuple, dict]] = []
+        # One list for the shard's life (cleared in place): a store may hold on to it.
+        self.deferred: list[tuple[tuple, dict]] = []
 
     def __contains__(self, key: Key) -> bool:
         return key in self.values
@@ -98,7 +99,7 @@ class Shard:
         """Apply one push: for every ``(key, values)``, add up ``values`` and
         update the key once (see module doc). Keys must be initialised and
         shapes checked by the caller."""
-        self._deferred = []
+        self.deferred.clear()
         if self.optimizer is not None:
             self._apply_optimizer(batch)
         elif self.updater is not None:
@@ -166,14 +167,15 @@ class Shard:
             nbytes=nbytes,
         )
         if self.defer_events:
-            self._deferred.append(((op, key, merged), fields))
+            self.deferred.append(((op, key, merged), fields))
         else:
             self.events.emit(op, key, merged, **fields)
 
     def flush_events(self) -> None:
         """Emit the update events held back by ``defer_events``."""
-        if not self._deferred:
+        if not self.deferred:
             return
-        deferred, self._deferred = self._deferred, []
+        deferred = list(self.deferred)
+        self.deferred.clear()
         for args, fields in deferred:
             self.events.emit(*args, **fields)

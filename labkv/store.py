@@ -213,16 +213,15 @@ class KVStore:
         if events.active:
             quick = events.quick_push
             for k, values in items:
-                slot = quick.get(k)
-                if slot is not None and slot[6] and slot[9] == len(values):
-                    slot[6] -= 1  # EventBus.quick: a credit spent, one inline call counted
-                    slot[7] += 1
-                    continue
+                credits = quick.get(k)
+                if credits is not None and len(values) == 1 and next(credits, False):
+                    continue  # counted: a credit of EventBus.quick spent
                 nbytes = self._nbytes(k) * len(values)
                 admitted = events.admit("push", k, nbytes, self.rank, None, len(values))
                 if admitted:
                     self._emit_push(k, values, *admitted)
-            self._flush_events()
+            if self._deferred_events:
+                self._flush_events()
 
     def _nbytes(self, key: Key) -> int:
         """Bytes of one array of ``key`` (cached: this runs on every watched call)."""
@@ -292,11 +291,9 @@ class KVStore:
         if events.active:
             quick = events.quick_pull
             for k, outs in items:
-                slot = quick.get(k)
-                if slot is not None and slot[6] and slot[9] == len(outs):
-                    slot[6] -= 1  # EventBus.quick: a credit spent, one inline call counted
-                    slot[7] += 1
-                    continue
+                credits = quick.get(k)
+                if credits is not None and len(outs) == 1 and next(credits, False):
+                    continue  # counted: a credit of EventBus.quick spent
                 nbytes = self._nbytes(k) * len(outs)
                 rank = self.rank
                 admitted = events.admit("pull", k, nbytes, rank, None, len(outs))
@@ -585,8 +582,11 @@ class KVStore:
     def _barrier_impl(self) -> None:
         raise NotImplementedError
 
+    #: events a backend held back during a push (a list it fills; never filled here)
+    _deferred_events: Sequence[Any] = ()
+
     def _flush_events(self) -> None:
-        """Report events the backend held back during a push (after the push's own)."""
+        """Report the events in :attr:`_deferred_events` (after the push's own)."""
         return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -136,3 +137,19 @@ def test_throttled_counts_stay_exact_under_a_busy_loop_and_concurrent_flushes():
     assert sum(e.count for e in pulled) == len(pushes)
     assert sum(e.nbytes for e in pulled) == 16 * len(pushes)
     assert len([e for e in pushed if not e.extra.get("tally")]) == 2  # the detail budget
+
+
+def test_a_slow_busy_key_still_gets_a_detailed_event_every_window():
+    # Credits are sized by the key's rate: at ~1,000 calls/s a 0.2 s window must end
+    # about on time (a fixed grant of 1,024 calls would silence it for a second).
+    bus = EventBus("s")
+    bus.subscribe(lambda e: None, detail_interval=0.2, detail_burst=1)
+    detailed, deadline = 0, time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        if bus.admit("push", "k", 8):
+            detailed += 1
+        credits = bus.quick["push"].get("k")
+        while credits is not None and next(credits, False):  # the store's inline count
+            time.sleep(0.001)
+        time.sleep(0.001)
+    assert 3 <= detailed <= 6, detailed
