@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # GPU checks for a machine with an NVIDIA GPU: the GPU tests (CuPy values through the
-# device and local stores, home-GPU assignment, compression and optimizers on the GPU)
-# and the local-store benchmark with CuPy arrays against CuPy's own sum as the bound.
-set -euo pipefail
+# device and local stores, home-GPU assignment, compression and optimizers on the GPU,
+# dist_sync servers keeping their values on the workers' GPUs), the local-store
+# benchmark with CuPy arrays against CuPy's own sum as the bound, and dist_sync with
+# CuPy pushes to host vs GPU servers.
+# Every step runs even when an earlier one fails (device time is scarce: one run should
+# tell everything); the exit status says whether all passed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+status=0
+step() {
+    echo "== $*"
+    "$@" || { echo "== FAILED: $*"; status=1; }
+}
 nvidia-smi --query-gpu=name,memory.total --format=csv || true
 python3 -m pip install -q -e '.[test]' 'cupy-cuda12x>=13' 2>&1 | tail -1 || true
-python3 -c "import cupy, labkv; print('cupy', cupy.__version__, 'gpus', labkv.num_gpus())"
-python3 -m pytest -q -m gpu tests/test_gpu.py -rs
-python3 bench/local.py --gpu --quick
+step python3 -c "import cupy, labkv; print('cupy', cupy.__version__, 'gpus', labkv.num_gpus())"
+step python3 -m pytest -q -m gpu tests/test_gpu.py -rs -p no:cacheprovider
+step python3 bench/local.py --gpu --quick
+step python3 bench/dist_gpu.py --quick
+exit $status

@@ -82,3 +82,74 @@ def test_optimizers_on_gpu_match_the_cpu(name):
         out = kv.pull("w")
         results.append(out.get() if hasattr(out, "get") else out)
     np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+# -- the distributed store with its servers' values on the workers' GPUs ------------------
+def _push_cupy_and_pull(kv, shape):
+    import cupy
+
+    grad = cupy.full(shape, kv.rank + 1.0, dtype=cupy.float32)
+    out = cupy.empty(shape, dtype=cupy.float32)
+    for _ in range(3):
+        kv.push("w", grad)
+        kv.pull("w", out=out)
+    return type(out).__module__.split(".")[0], out.get()
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (1000, 1001)])  # one server; sliced over two
+def test_gpu_servers_sum_cupy_pushes_of_two_ranks(handle, shape):
+    from labkv.cluster import run
+
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2, server_device="gpu")
+    try:
+        kv.init("w", np.zeros(shape, np.float32))
+        pieces = kv.placement()["w"]
+        assert all(p["device"].startswith("gpu(") for p in pieces)
+        assert len(pieces) == (2 if shape[0] * shape[1] >= 1_000_000 else 1)
+        results = run(_push_cupy_and_pull, num_workers=2, kvstore=kv, args=(shape,))
+        for module, value in results:
+            assert module == "cupy"
+            np.testing.assert_array_equal(value, np.full(shape, 3.0))  # ASSIGN: the last sum
+        np.testing.assert_array_equal(kv.peek("w"), np.full(shape, 3.0))  # a host copy
+        assert isinstance(kv.pull("w"), np.ndarray)
+    finally:
+        kv.close()
+
+
+def _sgd_steps(kv):
+    import cupy
+
+    for _ in range(2):
+        kv.push("w", cupy.ones((3, 4), dtype=cupy.float32))
+    return kv.pull("w")
+
+
+def test_gpu_servers_run_the_optimizer_and_save_states_like_host_servers(handle, tmp_path):
+    from labkv.cluster import run
+
+    pulled, files = {}, {}
+    for device in ("cpu", "gpu"):
+        kv = labkv.create("dist_sync", cluster=handle, num_servers=1, server_device=device)
+        try:
+            kv.init("w", np.zeros((3, 4), np.float32))
+            kv.set_optimizer("sgd", learning_rate=0.5, momentum=0.9)
+            pulled[device] = run(_sgd_steps, num_workers=2, kvstore=kv)[0]
+            files[device] = tmp_path / f"{device}.states"
+            kv.save_optimizer_states(str(files[device]))
+        finally:
+            kv.close()
+    np.testing.assert_allclose(pulled["gpu"], pulled["cpu"], rtol=1e-6)
+    # momentum SGD on the sum of 2 ranks' ones: -1, then -1 + (0.9 * -1 - 1)
+    assert pulled["cpu"][0, 0] == pytest.approx(-2.9)
+    # The GPU servers' states load into a local store and give its next step.
+    local = labkv.create("local")
+    local.init("w", pulled["gpu"].copy())
+    local.set_optimizer("sgd", learning_rate=0.5, momentum=0.9)
+    local.load_optimizer_states(str(files["gpu"]))
+    reference = labkv.create("local")
+    reference.init("w", pulled["cpu"].copy())
+    reference.set_optimizer("sgd", learning_rate=0.5, momentum=0.9)
+    reference.load_optimizer_states(str(files["cpu"]))
+    for kv in (local, reference):
+        kv.push("w", np.ones((3, 4), np.float32))
+    np.testing.assert_allclose(local.pull("w"), reference.pull("w"), rtol=1e-6)

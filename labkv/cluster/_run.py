@@ -29,6 +29,7 @@ import distributed
 
 from ._barrier import clear_barrier
 from ._connect import ClusterHandle, default_handle
+from ._device import parse_server_device
 from ._events import EventStream, topic_of
 from ._placement import DEFAULT_BIGARRAY_BOUND
 from ._server import ClusterError
@@ -164,6 +165,7 @@ def run(
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
     bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
+    server_device: str = "auto",
 ) -> list[Any]:
     """Run ``fn(kv, *args, **kwargs)`` as ``num_workers`` ranks, one pinned
     Dask task per worker, all on the same servers; the results in rank order.
@@ -176,7 +178,9 @@ def run(
     wait until the run is over). ``num_workers`` defaults to all
     the cluster's workers; asking for more fails at once. ``timeout`` bounds
     every wait of the ranks (rounds, init, barrier); ``bigarray_bound`` is the
-    size from which values are sliced across servers.
+    size from which values are sliced across servers; ``server_device`` where
+    new servers keep their values (``'auto'``: a GPU when their worker has one;
+    see ``labkv.create``).
 
     >>> from labkv.cluster import connect, run
     >>> def train(kv):
@@ -194,6 +198,7 @@ def run(
     else:
         if kvstore not in SYNC_KINDS + ASYNC_KINDS:
             raise ValueError(f"not a cluster store type: {kvstore!r}")
+        parse_server_device(server_device)
         handle = cluster if cluster is not None else default_handle()
     workers = handle.workers()
     num_workers = len(workers) if num_workers is None else num_workers
@@ -215,11 +220,18 @@ def run(
     else:
         store_id = f"{kvstore}-{uuid.uuid4().hex[:8]}"
         num_servers = num_servers or num_workers
-        futures_to_release, servers, addresses = start_servers(
-            handle, kvstore, num_servers, num_workers, store_id, timeout, workers
+        futures_to_release, servers, addresses, devices = start_servers(
+            handle, kvstore, num_servers, num_workers, store_id, timeout, workers, server_device
         )
         spec = StoreSpec(
-            kvstore, store_id, num_servers, addresses, int(bigarray_bound), float(timeout), group
+            kvstore,
+            store_id,
+            num_servers,
+            addresses,
+            int(bigarray_bound),
+            float(timeout),
+            group,
+            devices,
         )
     rank_workers = workers[:num_workers]
     # The notebook watches the shared store: the ranks stream their own events too.

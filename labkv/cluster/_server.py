@@ -33,6 +33,7 @@ import numpy as np
 from ..events import EventBus, summarize
 from ..optimizers import Optimizer
 from ..shard import Shard
+from ._device import ServerDevice, host_copy, host_view
 from ._events import EventStream
 from ._pack import PACK_BELOW, pack, seal, unpack, unseal
 
@@ -71,12 +72,23 @@ class Server:
     """The server actor (see module doc); made by :func:`labkv.cluster._store.start_servers`."""
 
     sid: int = 0  # declared on the class so that remote attribute reads work
+    device_name: str = "cpu(0)"
 
     def __init__(
-        self, sid: int, store_id: str, num_workers: int, sync: bool, timeout: float, topic: str
+        self,
+        sid: int,
+        store_id: str,
+        num_workers: int,
+        sync: bool,
+        timeout: float,
+        topic: str,
+        device: str = "cpu",
     ):
         from distributed import get_worker
 
+        worker = get_worker()
+        self.device = ServerDevice.pick(device, sid, f"Dask worker {worker.address}")
+        self.device_name = self.device.name
         self.sid, self.store_id, self.num_workers = sid, store_id, num_workers
         self.sync, self.timeout, self.topic = sync, timeout, topic
         self.bus = EventBus(store_id)
@@ -91,7 +103,6 @@ class Server:
         self.messages = {"push": 0, "pull": 0}
         self._aborted: str | None = None
         self._waiters: dict[asyncio.Future, Callable[[], bool]] = {}
-        worker = get_worker()
         self.address = worker.address
         self.stream = EventStream(
             self.bus,
@@ -151,7 +162,7 @@ class Server:
             if key in self.meta:
                 raise ValueError(f"key {key!r} is already initialised")
         for key, piece, shape, dtype in items:
-            self.shard.init(key, np.array(piece, dtype=dtype))  # own, aligned copy
+            self.shard.init(key, self.device.own(piece, dtype))  # own, aligned copy
             self.meta[key] = (tuple(shape), dtype)
             # A whole value, or slice 0 of a sliced one (slice s lives on server s): the
             # piece whose receipt stands for the push, so views count each push once.
@@ -262,9 +273,8 @@ class Server:
         its round completed (a rank has at most one value pending per key)."""
         stage = self._stage.get((key, rank))
         if stage is None or stage.shape != value.shape or stage.dtype != value.dtype:
-            stage = self._stage[(key, rank)] = np.empty_like(value)
-        np.copyto(stage, value)
-        return stage
+            stage = self._stage[(key, rank)] = self.device.empty_like(value)
+        return self.device.stage(stage, value)
 
     def _complete(self, keys: list[Key]) -> None:
         """Apply the rounds of ``keys`` (all ranks pushed) in one ``Shard.apply``."""
@@ -336,12 +346,12 @@ class Server:
             value = self.shard.read(key)
             nbytes += value.nbytes
             if value.nbytes < PACK_BELOW:
-                small.append(value)  # packing copies it
+                small.append(host_view(value))  # packing copies it
                 continue
             if key not in own_round or value.nbytes < _COPY_BELOW:
-                value = value.copy()
+                value = host_copy(value)
             big.append(i)
-            bigs.append(value)
+            bigs.append(host_view(value))
         self.bytes_out += nbytes
         return seal((big, pack(small) if small else None, bigs))
 
@@ -421,7 +431,8 @@ class Server:
         opt = self.shard.optimizer
         if opt is None:
             raise ClusterError(f"server {self.sid} has no optimizer")
-        return opt.num_update, dict(opt.index_update_count), dict(self.shard.states)
+        states = {k: tuple(host_copy(a) for a in st) for k, st in self.shard.states.items()}
+        return opt.num_update, dict(opt.index_update_count), states
 
     async def set_states(
         self, num_update: int, counts: dict[Key, int], states: dict[Key, tuple]
@@ -433,7 +444,7 @@ class Server:
         for key, state in states.items():
             stored = self.shard.read(key)
             placed[key] = tuple(
-                np.array(a, dtype=stored.dtype).reshape(stored.shape) for a in state
+                self.device.own(np.asarray(a).reshape(stored.shape), stored.dtype) for a in state
             )
         opt.num_update = num_update
         opt.index_update_count = dict(counts)
@@ -458,7 +469,7 @@ class Server:
     async def peek(self, keys: list[Key]) -> list[Any]:
         """Copies of the stored pieces as they are now: no waiting for rounds or
         for in-flight pushes, no events (what a monitor draws)."""
-        return [self.shard.read(k).copy() for k in keys]
+        return [host_copy(self.shard.read(k)) for k in keys]
 
     async def summary(self, key: Key) -> dict[str, float]:
         """min/max/mean/norm of a stored piece (for checks without moving it)."""

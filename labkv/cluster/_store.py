@@ -48,6 +48,7 @@ from ..reduce import sum_into
 from ..store import Items, Key, KVStore
 from ._barrier import EventBarrier
 from ._connect import ClusterHandle, default_handle
+from ._device import parse_server_device
 from ._events import ClusterBus, topic_of
 from ._pack import PACK_BELOW, pack, seal, sealable, unpack, unseal
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
@@ -96,6 +97,8 @@ class StoreSpec:
     bigarray_bound: int = DEFAULT_BIGARRAY_BOUND
     timeout: float = DEFAULT_TIMEOUT_S
     group: str = field(default_factory=lambda: f"labkv-barrier-{uuid.uuid4().hex[:8]}")
+    #: each server's device, as its placement shows it (``'cpu(0)'``, ``'gpu(0)'``)
+    server_devices: list[str] = field(default_factory=list)
 
     @property
     def sync(self) -> bool:
@@ -110,12 +113,16 @@ def start_servers(
     store_id: str,
     timeout: float,
     workers: list[str] | None = None,
-) -> tuple[list[Any], list[Any], list[str]]:
+    device: str = "auto",
+) -> tuple[list[Any], list[Any], list[str], list[str]]:
     """Start ``num_servers`` server actors round-robin on ``workers`` (default:
-    all, sorted); ``(futures, actors, addresses)``.
+    all, sorted), keeping their values on ``device`` (see
+    :mod:`labkv.cluster._device`); ``(futures, actors, addresses, devices)``.
 
     Actors are pinned (``allow_other_workers=False``): a server's keys live in
-    its worker's memory, so Dask must never move or re-run it elsewhere.
+    its worker's memory, so Dask must never move or re-run it elsewhere. A
+    server that cannot start (no GPU for ``device='gpu'``) fails the call, and
+    the servers already started are released.
     """
     client = handle.client
     workers = workers or handle.workers()
@@ -131,6 +138,7 @@ def start_servers(
             kind in SYNC_KINDS,
             timeout,
             topic_of(store_id),
+            device,
             actor=True,
             workers=[addresses[s]],
             allow_other_workers=False,
@@ -142,8 +150,13 @@ def start_servers(
     # The Actor handles bind to "the current client" when they are made; the
     # handle's client need not be Dask's default one (set_as_default=False).
     with client.as_current():
-        actors = client.gather(futures)
-    return futures, actors, addresses
+        try:
+            actors = client.gather(futures)
+            devices = [actor.device_name for actor in actors]
+        except Exception as exc:
+            client.cancel(futures)
+            raise ClusterError(f"the servers of {store_id} could not start: {exc}") from exc
+    return futures, actors, addresses, devices
 
 
 def _host(array: Any) -> np.ndarray:
@@ -684,7 +697,8 @@ class DistStore(KVStore):
             key: [
                 {
                     "server": p.server,
-                    "device": f"cpu(0)@{self._spec.server_addresses[p.server]}",
+                    "device": f"{self._server_device(p.server)}@"
+                    f"{self._spec.server_addresses[p.server]}",
                     "start": p.start,
                     "stop": p.stop,
                 }
@@ -692,6 +706,10 @@ class DistStore(KVStore):
             ]
             for key in self._meta
         }
+
+    def _server_device(self, s: int) -> str:
+        devices = self._spec.server_devices
+        return devices[s] if devices else "cpu(0)"
 
     def server_load(self) -> list[dict[str, Any]]:
         """Per server: bytes in/out so far, keys and bytes held."""
@@ -734,6 +752,7 @@ def create_store(
     bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
     timeout: float = DEFAULT_TIMEOUT_S,
     server_workers: list[str] | None = None,
+    server_device: str = "auto",
 ) -> DistStore:
     """A ``dist_*`` store for this process (rank 0 of 1): what
     ``labkv.create('dist_sync', cluster=handle, num_servers=S)`` calls.
@@ -742,6 +761,9 @@ def create_store(
     embedded cluster, started on first use). ``num_servers`` defaults to the
     number of Dask workers; ``server_workers`` pins servers to given workers
     (round-robin). ``timeout`` bounds every cross-process wait.
+    ``server_device``: where servers keep their values: ``'auto'`` (the
+    worker's GPU when it has one, else the host), ``'cpu'``, ``'gpu'`` or
+    ``'gpu(i)'`` (see ``kv.placement()``).
 
     >>> import labkv
     >>> kv = labkv.create("dist_sync", cluster=handle, num_servers=2)  # doctest: +SKIP
@@ -754,12 +776,21 @@ def create_store(
         raise ValueError(f"num_servers must be a positive int, got {num_servers!r}")
     if int(bigarray_bound) < 1:
         raise ValueError(f"bigarray_bound must be positive, got {bigarray_bound!r}")
+    parse_server_device(server_device)
     handle = cluster if cluster is not None else default_handle()
     workers = server_workers or handle.workers()
     num_servers = num_servers or len(workers)
     store_id = f"{kind}-{uuid.uuid4().hex[:8]}"
-    futures, actors, addresses = start_servers(
-        handle, kind, num_servers, 1, store_id, timeout, workers
+    futures, actors, addresses, devices = start_servers(
+        handle, kind, num_servers, 1, store_id, timeout, workers, server_device
     )
-    spec = StoreSpec(kind, store_id, num_servers, addresses, int(bigarray_bound), float(timeout))
+    spec = StoreSpec(
+        kind,
+        store_id,
+        num_servers,
+        addresses,
+        int(bigarray_bound),
+        float(timeout),
+        server_devices=devices,
+    )
     return DistStore(spec, actors, 0, 1, owner=True, handle=handle, futures=futures)

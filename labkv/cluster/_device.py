@@ -1,0 +1,105 @@
+"""Where a server keeps its values: host memory, or a GPU of its Dask worker.
+
+``server_device`` (an option of ``labkv.create`` and ``run``) is ``'auto'``
+(a GPU when the worker has one, through CuPy; else the host), ``'cpu'``,
+``'gpu'`` (a GPU, or an error naming the worker) or ``'gpu(i)'``. With
+``'auto'``/``'gpu'`` server ``s`` takes GPU ``s % n`` of the ``n`` its worker
+sees: one per server when a ``LocalCluster`` shares a multi-GPU machine, and
+the worker's own GPU on clusters that give each worker one
+(``CUDA_VISIBLE_DEVICES``, as dask-cuda does).
+
+Values travel between processes as host arrays (Dask's TCP comms copy device
+buffers through the host anyway, and a client without a GPU could not
+deserialise a CuPy array): a GPU server copies what it receives onto its GPU,
+sums and updates there (``Shard`` and ``reduce.sum_into`` are the same code as
+the local ``device`` store's), and replies with host copies.
+
+>>> parse_server_device("auto"), parse_server_device("gpu(1)")
+('auto', 'gpu(1)')
+>>> ServerDevice.pick("cpu", 0).name
+'cpu(0)'
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ..devices import copy_into, is_cupy, num_gpus
+
+_GPU_N = re.compile(r"gpu\((\d+)\)")
+
+
+def parse_server_device(option: str) -> str:
+    """Check a ``server_device`` option (raises ``ValueError`` before anything starts)."""
+    if option in ("auto", "cpu", "gpu") or (isinstance(option, str) and _GPU_N.fullmatch(option)):
+        return option
+    raise ValueError(f"server_device must be 'auto', 'cpu', 'gpu' or 'gpu(i)', got {option!r}")
+
+
+class ServerDevice:
+    """One server's device: makes its arrays there and host copies of them."""
+
+    def __init__(self, gpu: int | None):
+        self.gpu = gpu
+        self.name = "cpu(0)" if gpu is None else f"gpu({gpu})"
+
+    @classmethod
+    def pick(cls, option: str, sid: int, where: str = "this worker") -> ServerDevice:
+        """The device for server ``sid`` under ``option`` (see module doc)."""
+        if option == "cpu":
+            return cls(None)
+        count = num_gpus()
+        if option == "auto":
+            return cls(sid % count if count else None)
+        if count == 0:
+            raise RuntimeError(
+                f"server {sid}: server_device={option!r}, but {where} has no CUDA GPU "
+                "that CuPy can use"
+            )
+        if option == "gpu":
+            return cls(sid % count)
+        index = int(_GPU_N.fullmatch(option).group(1))
+        if index >= count:
+            raise RuntimeError(
+                f"server {sid}: server_device={option!r}, but {where} has {count} GPU(s)"
+            )
+        return cls(index)
+
+    def own(self, array: Any, dtype: Any = None) -> Any:
+        """A new array of the server's own (aligned, contiguous) on its device."""
+        if self.gpu is None:
+            return np.array(array, dtype=dtype)
+        import cupy
+
+        with cupy.cuda.Device(self.gpu):
+            return cupy.array(array, dtype=dtype)
+
+    def empty_like(self, array: Any) -> Any:
+        """An uninitialised array of ``array``'s shape and dtype on the device."""
+        if self.gpu is None:
+            return np.empty_like(array)
+        import cupy
+
+        with cupy.cuda.Device(self.gpu):
+            return cupy.empty(array.shape, array.dtype)
+
+    def stage(self, buffer: Any, value: Any) -> Any:
+        """Copy ``value`` into ``buffer`` (made by :meth:`empty_like`); returns it."""
+        if self.gpu is None:
+            np.copyto(buffer, value)
+        else:
+            copy_into(buffer, value)
+        return buffer
+
+
+def host_copy(array: Any) -> np.ndarray:
+    """A fresh host copy of a stored array (what a reply or a state file carries)."""
+    return array.get() if is_cupy(array) else array.copy()
+
+
+def host_view(array: Any) -> np.ndarray:
+    """The array itself on the host, or a host copy of a device array."""
+    return array.get() if is_cupy(array) else array
