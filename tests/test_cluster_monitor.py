@@ -28,6 +28,21 @@ def _lagging_rank(kv, delay):
     return kv.pull("w")
 
 
+def _settled(mon, key, done):
+    """``key``'s stats once ``done(stats)`` holds and later batches had time to
+    arrive (they must not add to the counts)."""
+
+    def reached():
+        mon.refresh()
+        stats = mon.model.keys.get(key)
+        return stats is not None and done(stats)
+
+    assert wait_until(reached), mon.summary()
+    time.sleep(0.4)
+    mon.refresh()
+    return mon.model.keys[key]
+
+
 def test_sliced_key_pushes_are_counted_once_per_rank_push(handle):
     kv = labkv.create("dist_sync", cluster=handle, num_servers=2, bigarray_bound=8)
     mon = monitor(kv)
@@ -36,16 +51,7 @@ def test_sliced_key_pushes_are_counted_once_per_rank_push(handle):
         assert len(kv.placement()["w"]) == 2  # really sliced over both servers
         results = run(_push_three_times, num_workers=2, kvstore=kv)
         np.testing.assert_array_equal(results[0], np.full(16, 2.0))
-
-        def six_pushes():
-            mon.refresh()
-            stats = mon.model.keys.get("w")
-            return stats is not None and stats.pushes == 6
-
-        assert wait_until(six_pushes), mon.summary()
-        time.sleep(0.5)  # later batches must not add to the count
-        mon.refresh()
-        assert mon.model.keys["w"].pushes == 6
+        assert _settled(mon, "w", lambda stats: stats.pushes == 6).pushes == 6
         loads = mon.model.servers
         assert set(loads) == {0, 1} and all(s.bytes_in > 0 for s in loads.values())
     finally:
@@ -123,16 +129,7 @@ def test_ranks_pulls_reach_the_monitor_counted_exactly(handle):
         # 200 pulls per rank: most only counted on the rank (4 detailed per 100 ms).
         results = run(_pull_often, num_workers=2, kvstore=kv, args=(200,))
         np.testing.assert_array_equal(results[1], np.full(16, 2.0))
-
-        def all_pulls():
-            mon.refresh()
-            stats = mon.model.keys.get("w")
-            return stats is not None and stats.pulls == 400
-
-        assert wait_until(all_pulls), mon.summary()
-        time.sleep(0.3)  # later batches must not add to the count
-        mon.refresh()
-        stats = mon.model.keys["w"]
+        stats = _settled(mon, "w", lambda stats: stats.pulls == 400)
         assert (stats.pulls, stats.pushes) == (400, 2)  # pushes: counted by the server only
         assert stats.bytes_out == 400 * 64
         rank_views = {(e.rank, e.op) for e in mon.model.events(key="w") if e.server is None}
