@@ -196,9 +196,10 @@ class EventBus:
         self._tally_lock = threading.Lock()
         self._tallies: dict[tuple, list] = {}
         #: per op, key -> credits a store's hot path spends itself on calls of one
-        #: array each (this bus's own rank): ``next(credits, False)`` is True for a
-        #: call counted that way, False once they are spent (then it calls admit());
-        #: one C call per counted call, the cheapest count Python has
+        #: array each (this bus's own rank): ``next(quick[op][key], False)`` is True
+        #: for a call counted that way, False once they are spent (then it calls
+        #: admit()); one C call per counted call, the cheapest count Python has.
+        #: Every key admit() has seen is in here (a KeyError: a key's first call).
         self.quick: dict[str, dict[Key, Any]] = {"push": {}, "pull": {}}
         self.quick_push, self.quick_pull = self.quick["push"], self.quick["pull"]
         #: ``peek(key) -> array`` set by a store whose values can be read cheaply
@@ -252,6 +253,14 @@ class EventBus:
         wanted = [s.detail_interval for s in self._subscribers]
         self.detail_interval = 0.0 if self._recording or not wanted else min(wanted)
         self.detail_burst = max((s.detail_burst for s in self._subscribers), default=1)
+        # Credits were granted under the old settings: take them back, so that the next
+        # call of every key goes through admit() and follows the new ones (admit folds
+        # what was counted inline; a credit spent meanwhile is still in its slot).
+        for credits in self.quick.values():
+            for key in list(credits):  # a store may be adding keys on its thread
+                credits[key] = _SPENT
+        for slot in list(self._tallies.values()):
+            slot[_CREDIT] = 0
 
     def _changed(self) -> None:
         """Called after the subscribers or recording changed, outside the lock:
@@ -279,9 +288,10 @@ class EventBus:
         ((1, 8), None, None)
         """
         interval = self.detail_interval
-        if not interval:
-            return 1, nbytes
         slot = self._tallies.get((op, key, rank, server))
+        if not interval:
+            # Every call is an event; calls counted under earlier settings ride on it.
+            return (1, nbytes) if slot is None else self._with_backlog(op, key, slot, nbytes)
         # Only the calling thread adds to a slot's calls and bytes, without a lock (the
         # common, cheap path); what was reported changes under the lock, here or in
         # flush(). Credits let a busy loop skip the clock: once a window's details are
@@ -289,14 +299,8 @@ class EventBus:
         # the time, by the store itself for calls of one array (see `quick`), else here.
         if slot is not None:
             if slot[_QUICK][1]:
-                # Fold the store's inline counts: clear the grant first (flush() may be
-                # reading), and take the spent credits away from the store's hot path.
-                quick, slot[_QUICK] = slot[_QUICK], _NO_QUICK
-                self.quick[op][key] = _SPENT
-                spent = _spent(quick)
-                slot[_CALLS] += spent
-                slot[_BYTES] += spent * slot[_UNIT_BYTES]
-            if slot[_CREDIT]:
+                self._fold_quick(op, key, slot)
+            if slot[_CREDIT] > 0:  # > 0: _refresh() may zero it between check and use
                 slot[_CREDIT] -= 1
                 slot[_CALLS] += 1
                 slot[_BYTES] += nbytes
@@ -321,12 +325,35 @@ class EventBus:
             if slot is None:
                 slot = [1, nbytes, 1, nbytes, now, 1, 0, 0, _NO_QUICK, nbytes]
                 self._tallies[(op, key, rank, server)] = slot
+                if server is None and op in self.quick:
+                    self.quick[op][key] = _SPENT  # the store's lookup finds it from now on
                 return 1, nbytes
             if now - slot[_WINDOW] >= interval:
                 slot[_WINDOW], slot[_USED], slot[_WINDOW_CALLS] = now, 0, slot[_CALLS]
             slot[_CALLS] += 1
             slot[_BYTES] += nbytes
             slot[_USED] += 1
+            count, total = slot[_CALLS] - slot[_REPORTED], slot[_BYTES] - slot[_REPORTED_BYTES]
+            slot[_REPORTED], slot[_REPORTED_BYTES] = slot[_CALLS], slot[_BYTES]
+            return count, total
+
+    def _fold_quick(self, op: str, key: Key, slot: list) -> None:
+        """Add the calls the store counted inline to the slot (the calling thread's
+        job): clear the grant first (flush() may be reading), and take the spent
+        credits away from the store's hot path."""
+        quick, slot[_QUICK] = slot[_QUICK], _NO_QUICK
+        self.quick[op][key] = _SPENT
+        spent = _spent(quick)
+        slot[_CALLS] += spent
+        slot[_BYTES] += spent * slot[_UNIT_BYTES]
+
+    def _with_backlog(self, op: str, key: Key, slot: list, nbytes: int) -> tuple[int, int]:
+        """This call's ``(count, nbytes)`` plus those of the calls only counted so far."""
+        if slot[_QUICK][1]:
+            self._fold_quick(op, key, slot)
+        with self._tally_lock:
+            slot[_CALLS] += 1
+            slot[_BYTES] += nbytes
             count, total = slot[_CALLS] - slot[_REPORTED], slot[_BYTES] - slot[_REPORTED_BYTES]
             slot[_REPORTED], slot[_REPORTED_BYTES] = slot[_CALLS], slot[_BYTES]
             return count, total

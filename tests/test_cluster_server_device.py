@@ -28,7 +28,7 @@ def test_a_bad_server_device_is_refused_before_anything_starts(handle, option):
         labkv.create("dist_sync", cluster=handle, server_device=option)
     with pytest.raises(ValueError, match="server_device"):
         run(lambda kv: None, num_workers=1, cluster=handle, server_device=option)
-    assert _server_tasks(handle.client) == before
+    assert set(_server_tasks(handle.client)) <= set(before)
 
 
 @pytest.mark.parametrize("option", ["cpu", "auto"])
@@ -54,5 +54,6 @@ def test_asking_for_a_missing_gpu_names_the_worker_and_leaves_no_server(handle, 
         labkv.create("dist_sync", cluster=handle, num_servers=2, server_device=option)
     assert "Dask worker tcp://127.0.0.1:" in str(info.value)
     assert "no CUDA GPU" in str(info.value)
-    # the cancellation of the started servers reaches the scheduler asynchronously
-    assert wait_until(lambda: _server_tasks(handle.client) == before, 10), before
+    # the cancellation of the started servers reaches the scheduler asynchronously (and
+    # earlier tests' servers may be released meanwhile: no new one may remain)
+    assert wait_until(lambda: set(_server_tasks(handle.client)) <= set(before), 10), before

@@ -153,3 +153,19 @@ def test_a_slow_busy_key_still_gets_a_detailed_event_every_window():
             time.sleep(0.001)
         time.sleep(0.001)
     assert 3 <= detailed <= 6, detailed
+
+
+def test_a_plain_subscriber_added_to_a_busy_throttled_key_sees_the_next_call():
+    kv = labkv.create()
+    kv.init("k", np.zeros(4, np.float32))
+    throttled: list[Event] = []
+    kv.events.subscribe(throttled.append, detail_interval=60, detail_burst=1)
+    for _ in range(50):  # the key is busy: its calls are counted inline on credits
+        kv.push("k", np.ones(4, np.float32))
+    plain: list[Event] = []
+    kv.events.subscribe(plain.append)  # wants every call: the credits are taken back
+    kv.push("k", np.ones(4, np.float32))
+    assert [e.op for e in plain] == ["push"]
+    # that event carries the 49 calls only counted before it: nothing lost, nothing twice
+    assert plain[0].count == 50 and plain[0].nbytes == 50 * 16
+    assert sum(e.count for e in throttled if e.op == "push") == 51
