@@ -91,6 +91,7 @@ class _Plots:
     when bokeh or jupyter_bokeh is not installed."""
 
     def __init__(self) -> None:
+        self._load_seen: list | None = None
         try:
             from bokeh.models import ColumnDataSource, LinearColorMapper
             from bokeh.palettes import Viridis256
@@ -142,6 +143,12 @@ class _Plots:
             return
         with model.lock:
             series = [(s.server, list(s.history)) for s in model.servers.values()]
+        # Setting the data sends a document patch even when nothing changed (a local
+        # store has no servers at all): only send new points.
+        seen = [(server, len(h), h[-1] if h else None) for server, h in series]
+        if seen == self._load_seen:
+            return
+        self._load_seen = seen
         t0 = min((h[0][0] for _, h in series if h), default=0.0)
         data: dict[str, list] = {"xs": [], "ys": [], "color": [], "label": []}
         for i, (server, history) in enumerate(sorted(series, key=lambda x: str(x[0]))):
