@@ -113,6 +113,26 @@ def test_a_rank_may_reuse_its_buffer_after_pushing_to_its_own_workers_server(han
         np.testing.assert_array_equal(value, [3.0, 3.0, 3.0])
 
 
+def _push_last_and_reuse(kv, n):
+    kv.init("w", np.zeros(n, dtype=np.float32))
+    grad = np.full(n, kv.rank + 1.0, dtype=np.float32)
+    if kv.rank == 0:
+        time.sleep(0.5)  # rank 1's push arrives first: rank 0's completes the round
+    kv.push("w", grad)
+    grad[:] = -100.0
+    server = kv._local[0]
+    staged = None if server is None else sorted(server._stage)
+    return kv.pull("w")[:3], staged
+
+
+def test_a_push_that_completes_its_round_is_summed_without_a_staging_copy(handle):
+    n = 1 << 19  # 2 MiB of float32
+    results = run(_push_last_and_reuse, num_workers=2, num_servers=1, cluster=handle, args=(n,))
+    assert [staged for _, staged in results] == [[], None]  # rank 0's value was not copied
+    for value, _ in results:
+        np.testing.assert_array_equal(value, [3.0, 3.0, 3.0])
+
+
 def _push_many(kv, n):
     for _ in range(n):
         kv.push("w", np.ones(16, dtype=np.float32))

@@ -253,7 +253,10 @@ class Server:
                 await self._wait(
                     lambda r=r: rank not in r.pending, lambda k=key: self._missing_ranks(k)
                 )
-            if borrowed and value.nbytes >= PACK_BELOW:
+            # A borrowed value that completes its round is summed before this push
+            # returns: only one that waits for other ranks needs a copy of its own.
+            completes = len(r.pending) + 1 >= self.num_workers
+            if borrowed and value.nbytes >= PACK_BELOW and not completes:
                 value = self._staged(key, rank, value)
             if not r.pending:
                 r.first_push = time.monotonic()
