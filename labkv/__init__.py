@@ -28,10 +28,17 @@ DIST_TYPES = ("dist_sync", "dist_async", "dist_device_sync", "dist_async_device"
 
 def create(name: str = "local", **kwargs: Any) -> KVStore:
     """Make a KVStore: ``'local'`` (values summed on the CPU) or ``'device'``
-    (summed on a GPU when the values are CuPy arrays). Names are case-insensitive.
+    (summed on a GPU when the values are CuPy arrays), or a distributed one on
+    Dask, ``'dist_sync'``, ``'dist_async'``, ``'dist_device_sync'`` or
+    ``'dist_async_device'``, whose keyword arguments (``cluster``,
+    ``num_servers``, ``bigarray_bound``, ``timeout``, ``server_workers``,
+    ``server_device``) are those of :func:`labkv.cluster.create_store`. Names
+    are case-insensitive.
 
     >>> create("Local").type
     'local'
+    >>> create("dist_sync", num_servers=2, server_device="cpu")  # doctest: +SKIP
+    <labkv.KVStore type='dist_sync' rank=0/1 servers=2 keys=0 id=dist_sync-...>
     """
     if not isinstance(name, str):
         raise TypeError(f"the store type must be a str, got {type(name).__name__}")
