@@ -61,6 +61,7 @@ def test_server_events_reach_the_notebook_bus(handle):
         assert done["pushed"] == [0, 1] and done["missing"] == [] and done["round"] == 1
         assert done["waited_s"] >= 0
         assert load.server == 0 and load.extra["keys"] == 1
+        assert load.extra["device"] == kv.placement()[0][0]["device"].split("@")[0]
         assert load.extra["bytes_in"] >= 3 * 16 and load.extra["bytes_held"] == 16
         sub.unsubscribe()
         time.sleep(0.3)

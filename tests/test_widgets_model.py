@@ -199,6 +199,7 @@ def test_server_load_from_load_events():
                 "bytes_out": bout,
                 "keys": 2,
                 "bytes_held": 64,
+                "device": f"gpu({server})" if server else "cpu(0)",
             }
             model.on_event(
                 Event(t, float(t), "dist_sync", "load", None, server=server, extra=extra)
@@ -207,7 +208,10 @@ def test_server_load_from_load_events():
     model.on_event(Event(9, 9.0, "dist_sync", "push", "w", server=0, nbytes=10_000))
     model.flush()
     rows = servers_table(model)[1]
-    assert rows == [["0", "700 B", "150 B", "2", "64 B"], ["1", "1.4 KiB", "150 B", "2", "64 B"]]
+    assert rows == [
+        ["0", "cpu(0)", "700 B", "150 B", "2", "64 B"],
+        ["1", "gpu(1)", "1.4 KiB", "150 B", "2", "64 B"],
+    ]
     assert [h[1] for h in model.servers[1].history] == [200, 600, 1400]
     assert "load" not in {e.op for e in model.log}  # load ticks do not crowd the event log
 

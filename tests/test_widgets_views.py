@@ -117,7 +117,13 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
             "load",
             None,
             server=s,
-            extra={"bytes_in": 2048 * (s + 1), "bytes_out": 1024, "keys": 1, "bytes_held": 4096},
+            extra={
+                "bytes_in": 2048 * (s + 1),
+                "bytes_out": 1024,
+                "keys": 1,
+                "bytes_held": 4096,
+                "device": "cpu(0)",
+            },
         )
         for s in (0, 1)
     ]
@@ -129,7 +135,7 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
         '<td class="labkv-pushed">pushed</td><td class="labkv-missing">MISSING</td>'
         in d.fanin.value
     )
-    assert "<td>1</td><td>4.0 KiB</td><td>1.0 KiB</td>" in d.servers.value
+    assert "<td>1</td><td>cpu(0)</td><td>4.0 KiB</td><td>1.0 KiB</td>" in d.servers.value
     assert d.plots.load_source.data["label"] == [
         "server 0 in",
         "server 0 out",

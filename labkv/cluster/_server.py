@@ -401,6 +401,7 @@ class Server:
         held += sum(int(a.nbytes) for s in self.shard.states.values() for a in s)
         return {
             "server": self.sid,
+            "device": self.device_name,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "keys": len(self.shard.values),

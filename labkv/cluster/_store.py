@@ -712,7 +712,8 @@ class DistStore(KVStore):
         return devices[s] if devices else "cpu(0)"
 
     def server_load(self) -> list[dict[str, Any]]:
-        """Per server: bytes in/out so far, keys and bytes held."""
+        """Per server: its device, bytes in/out so far, keys and bytes held,
+        messages received."""
         return self._all_servers("load")
 
     def _set_streaming(self, on: bool) -> None:

@@ -102,6 +102,7 @@ class ServerLoad:
     bytes_out: int = 0
     keys: int | None = None
     bytes_held: int | None = None
+    device: str = ""
     reported: bool = False
     history: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=300))
 
@@ -286,6 +287,7 @@ class MonitorModel:
         load.bytes_out = int(x.get("bytes_out", load.bytes_out))
         load.keys = x.get("keys", load.keys)
         load.bytes_held = x.get("bytes_held", load.bytes_held)
+        load.device = str(x.get("device", load.device))
         load.history.append((e.time, load.bytes_in, load.bytes_out))
 
     def _fold_traffic(self, e: Event) -> None:

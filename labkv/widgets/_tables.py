@@ -217,13 +217,14 @@ def fanin_table(model: MonitorModel, now: float | None = None) -> Table:
 
 
 def servers_table(model: MonitorModel) -> Table:
-    """Per server: cumulative bytes in and out, keys and bytes held."""
-    headers = ["server", "bytes in", "bytes out", "keys", "bytes held"]
+    """Per server: its device, cumulative bytes in and out, keys and bytes held."""
+    headers = ["server", "device", "bytes in", "bytes out", "keys", "bytes held"]
     with model.lock:
         loads = sorted(model.servers.values(), key=lambda s: str(s.server))
     rows = [
         [
             str(s.server),
+            s.device or "-",
             fmt_bytes(s.bytes_in),
             fmt_bytes(s.bytes_out),
             "-" if s.keys is None else str(s.keys),

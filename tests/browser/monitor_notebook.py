@@ -44,7 +44,8 @@ def cluster_events():  # as the Dask client's thread would deliver them
         "waited_s": 1.5, "complete": False}))
     for s in (0, 1):
         kv.events.deliver(Event(0, t, "dist_sync", "load", None, server=s, extra={
-            "bytes_in": 4096 * (s + 1), "bytes_out": 2048, "keys": 1, "bytes_held": 128}))
+            "bytes_in": 4096 * (s + 1), "bytes_out": 2048, "keys": 1, "bytes_held": 128,
+            "device": f"gpu({s})"}))
 
 thread = threading.Thread(target=cluster_events)
 thread.start()

@@ -128,7 +128,10 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
     assert len(live - {"0", str(N_PUSH)}) >= 2, sorted(live)
     # dist views from events delivered on a background thread
     assert final["fanin"][0][4:] == ["pushed", "pushed", "MISSING"], final["fanin"]
-    assert [r[1] for r in final["servers"]] == ["4.0 KiB", "8.0 KiB"], final["servers"]
+    assert [r[1:3] for r in final["servers"]] == [
+        ["gpu(0)", "4.0 KiB"],
+        ["gpu(1)", "8.0 KiB"],
+    ], final["servers"]
     # the hostile key is text, nothing ran
     assert hostile_cells >= 1 and injected == 0 and not dialogs, (hostile_cells, injected, dialogs)
     assert _row(final, HOSTILE)[2] == "1"
