@@ -4,8 +4,14 @@
 # dist_sync servers keeping their values on the workers' GPUs), the local-store
 # benchmark with CuPy arrays against CuPy's own sum as the bound, and dist_sync with
 # CuPy pushes to host vs GPU servers.
+#
 # Every step runs even when an earlier one fails (device time is scarce: one run should
 # tell everything); the exit status says whether all passed.
+#
+# On a GPU machine without network (Dask missing, CuPy there): run bench/gpu_wheels.sh
+# where pip works, copy .whl/ to that machine with the checkout, and this script installs
+# Dask from it and imports labkv from the checkout (checked with an image of the same
+# packages). With network it installs '.[test]' (and CuPy if absent).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -14,7 +20,14 @@ step() {
     "$@" || { echo "== FAILED: $*"; status=1; }
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv || true
-python3 -m pip install -q -e '.[test]' 'cupy-cuda12x>=13' 2>&1 | tail -1 || true
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/labkv-site .whl/*.whl
+    export PYTHONPATH="$PWD:/tmp/labkv-site${PYTHONPATH:+:$PYTHONPATH}"
+else
+    python3 -c "import cupy" 2>/dev/null || python3 -m pip install -q 'cupy-cuda12x>=13'
+    python3 -m pip install -q -e '.[test]' 2>&1 | tail -1 || true
+fi
 step python3 -c "import cupy, labkv; print('cupy', cupy.__version__, 'gpus', labkv.num_gpus())"
 step python3 -m pytest -q -m gpu tests/test_gpu.py -rs -p no:cacheprovider
 step python3 bench/local.py --gpu --quick
