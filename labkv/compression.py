@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .devices import array_module
+from .devices import array_module, device_of, on_device
 
 __all__ = ["GradientCompression", "pack_2bit", "unpack_2bit", "pack_1bit", "unpack_1bit"]
 
@@ -98,9 +98,10 @@ class GradientCompression:
                 residual = pending.get(slot)
                 if residual is None:
                     residual = self.residuals.get(slot)
-                if residual is None:
-                    residual = array_module(value).zeros(value.shape, dtype=np.float32)
-                sent, pending[slot] = self.quantize(value, residual)
+                with on_device(device_of(value)):  # CuPy works on the current GPU
+                    if residual is None:
+                        residual = array_module(value).zeros(value.shape, dtype=np.float32)
+                    sent, pending[slot] = self.quantize(value, residual)
                 sent_values.append(sent)
             sent_items.append((key, sent_values))
         return sent_items, lambda: self.residuals.update(pending)

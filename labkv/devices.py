@@ -15,6 +15,7 @@ cpu(1)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from types import ModuleType
@@ -35,6 +36,10 @@ __all__ = [
     "to_device",
     "copy_into",
     "as_array",
+    "on_device",
+    "empty",
+    "empty_like",
+    "new_like",
 ]
 
 
@@ -208,6 +213,57 @@ def to_device(array: Any, device: Device, copy: bool = True) -> Any:
         if copy or not is_cupy(array) or array.device.id != device.id:
             return cp.array(array, copy=True)
         return array
+
+
+_HOST = contextlib.nullcontext()
+
+
+def on_device(device: Device) -> contextlib.AbstractContextManager:
+    """The context in which CuPy makes new arrays (and runs kernels) on
+    ``device``: CuPy uses the *current* GPU, not the GPU of the arrays it is
+    given (``cupy.empty_like(a)`` and ``a.copy()`` land on the current one).
+    A no-op for CPU devices.
+
+    >>> with on_device(cpu(0)):
+    ...     np.zeros(1).shape
+    (1,)
+    """
+    if device.kind == "cpu":
+        return _HOST
+    return _require_cupy(device).cuda.Device(device.id)
+
+
+def empty(shape: Any, dtype: Any, device: Device) -> Any:
+    """An uninitialised array on ``device``.
+
+    >>> empty((2,), np.float32, cpu(1)).shape, device_of(empty((2,), np.float32, cpu(1)))
+    ((2,), cpu(1))
+    """
+    if device.kind == "cpu":
+        return _tag_cpu(np.empty(shape, dtype), device.id)
+    with on_device(device):
+        return _require_cupy(device).empty(shape, dtype)
+
+
+def empty_like(array: Any) -> Any:
+    """An uninitialised array of ``array``'s shape and dtype, on its device.
+
+    >>> device_of(empty_like(to_device(np.zeros(3), cpu(2))))
+    cpu(2)
+    """
+    return empty(array.shape, array.dtype, device_of(array))
+
+
+def new_like(stored: Any, values: Any) -> Any:
+    """``values`` (an array of ``stored``'s size) as a new array with
+    ``stored``'s shape and dtype, on ``stored``'s device.
+
+    >>> new_like(np.zeros((1, 2), np.float32), np.array([1, 2]))
+    array([[1., 2.]], dtype=float32)
+    """
+    result = empty_like(stored)
+    copy_into(result, values.reshape(stored.shape))
+    return result
 
 
 def copy_into(dst: Any, src: Any) -> None:

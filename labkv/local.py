@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .devices import Device, array_module, copy_into, cpu, device_of, is_cupy, to_device
+from .devices import Device, copy_into, cpu, device_of, empty_like, is_cupy, new_like, to_device
 from .optimizers import Optimizer
 from .reduce import HomeDevices
 from .shard import Shard
@@ -71,8 +71,7 @@ class LocalStore(KVStore):
                 copy_into(out, stored)
 
     def _new_out(self, key: Key) -> Any:
-        stored = self._shard.read(key)
-        return array_module(stored).empty_like(stored)
+        return empty_like(self._shard.read(key))
 
     def _set_updater_impl(self, updater: Callable) -> None:
         self._shard.set_updater(updater)
@@ -93,7 +92,7 @@ class LocalStore(KVStore):
         placed = {}
         for key, state in states.items():
             stored = self._shard.read(key)
-            placed[key] = tuple(_like(stored, array) for array in state)
+            placed[key] = tuple(new_like(stored, array) for array in state)
         self._shard.states = placed
 
     def _barrier_impl(self) -> None:
@@ -139,10 +138,3 @@ class LocalStore(KVStore):
         """The device that holds ``key``'s value (its home GPU on a ``device`` store)."""
         self._check_known([key])
         return device_of(self._shard.read(key))
-
-
-def _like(stored: Any, array: Any) -> Any:
-    """``array`` as a new array with ``stored``'s dtype, on ``stored``'s device."""
-    result = array_module(stored).empty_like(stored)
-    copy_into(result, array)
-    return result

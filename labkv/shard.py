@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .devices import array_module
+from .devices import device_of, empty_like, on_device
 from .events import EventBus, summarize
 from .reduce import sum_into
 
@@ -91,7 +91,7 @@ class Shard:
         stored = self.values[key]
         buffer = self._merge_buffers.get(key)
         if buffer is None:
-            buffer = self._merge_buffers[key] = array_module(stored).empty_like(stored)
+            buffer = self._merge_buffers[key] = empty_like(stored)
         sum_into(buffer, values)
         return buffer
 
@@ -113,13 +113,14 @@ class Shard:
         for key, values in batch:
             weight = self.values[key]
             grad = self._merged(key, values)
-            if key not in self.states:
-                self.states[key] = optimizer.create_state(key, weight)
             admitted = watch and self.events.admit(
                 "optimizer", key, int(grad.nbytes), self.rank, self.server
             )
             before = summarize(weight) if admitted else None
-            optimizer.update(key, weight, grad, self.states[key])
+            with on_device(device_of(weight)):  # states and temporaries beside the weight
+                if key not in self.states:
+                    self.states[key] = optimizer.create_state(key, weight)
+                optimizer.update(key, weight, grad, self.states[key])
             if admitted:
                 self._emit(
                     "optimizer", key, grad, before, weight, admitted, optimizer=optimizer.name
@@ -130,8 +131,10 @@ class Shard:
         updated = {}
         for key, values in batch:
             merged = self._merged(key, values)
-            candidate = self.values[key].copy()
-            self.updater(key, merged, candidate)
+            stored = self.values[key]
+            with on_device(device_of(stored)):  # the copy and the updater's work beside it
+                candidate = stored.copy()
+                self.updater(key, merged, candidate)
             updated[key] = candidate
         # Only now, with every updater of the call done, do the new values replace the old.
         previous = {key: self.values[key] for key in updated}

@@ -153,3 +153,30 @@ def test_gpu_servers_run_the_optimizer_and_save_states_like_host_servers(handle,
     for kv in (local, reference):
         kv.push("w", np.ones((3, 4), np.float32))
     np.testing.assert_allclose(local.pull("w"), reference.pull("w"), rtol=1e-6)
+
+
+@pytest.mark.skipif(labkv.num_gpus() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("how", ["optimizer", "updater"])
+def test_a_key_on_the_second_gpu_is_updated_there(how):
+    # CuPy makes new arrays on the *current* GPU (device 0 here): the merge buffer,
+    # the optimizer state, the updater's copy and their temporaries must follow the key.
+    import cupy
+
+    from labkv.shard import Shard
+
+    with cupy.cuda.Device(1):
+        weight = cupy.ones((3, 4), dtype=cupy.float32)
+        grads = [cupy.full((3, 4), 2.0, dtype=cupy.float32) for _ in range(2)]
+    shard = Shard()
+    shard.init("w", weight)
+    if how == "optimizer":
+        shard.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+    else:
+        shard.set_updater(lambda key, merged, stored: stored.__iadd__(merged * 2))
+    for _ in range(2):
+        shard.apply([("w", grads)])
+    value = shard.read("w")
+    assert value.device.id == 1
+    assert all(a.device.id == 1 for a in shard.states.get("w", ()))
+    expected = 1 - 0.4 - (0.9 * 0.4 + 0.4) if how == "optimizer" else 1 + 2 * 4 * 2
+    np.testing.assert_allclose(value.get(), np.full((3, 4), expected), rtol=1e-6)

@@ -16,8 +16,8 @@ the local ``device`` store's), and replies with host copies.
 
 >>> parse_server_device("auto"), parse_server_device("gpu(1)")
 ('auto', 'gpu(1)')
->>> ServerDevice.pick("cpu", 0).name
-'cpu(0)'
+>>> pick_server_device("cpu", 0)
+cpu(0)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import copy_into, is_cupy, num_gpus
+from ..devices import Device, cpu, gpu, is_cupy, num_gpus
 
 _GPU_N = re.compile(r"gpu\((\d+)\)")
 
@@ -39,60 +39,26 @@ def parse_server_device(option: str) -> str:
     raise ValueError(f"server_device must be 'auto', 'cpu', 'gpu' or 'gpu(i)', got {option!r}")
 
 
-class ServerDevice:
-    """One server's device: makes its arrays there and host copies of them."""
-
-    def __init__(self, gpu: int | None):
-        self.gpu = gpu
-        self.name = "cpu(0)" if gpu is None else f"gpu({gpu})"
-
-    @classmethod
-    def pick(cls, option: str, sid: int, where: str = "this worker") -> ServerDevice:
-        """The device for server ``sid`` under ``option`` (see module doc)."""
-        if option == "cpu":
-            return cls(None)
-        count = num_gpus()
-        if option == "auto":
-            return cls(sid % count if count else None)
-        if count == 0:
-            raise RuntimeError(
-                f"server {sid}: server_device={option!r}, but {where} has no CUDA GPU "
-                "that CuPy can use"
-            )
-        if option == "gpu":
-            return cls(sid % count)
-        index = int(_GPU_N.fullmatch(option).group(1))
-        if index >= count:
-            raise RuntimeError(
-                f"server {sid}: server_device={option!r}, but {where} has {count} GPU(s)"
-            )
-        return cls(index)
-
-    def own(self, array: Any, dtype: Any = None) -> Any:
-        """A new array of the server's own (aligned, contiguous) on its device."""
-        if self.gpu is None:
-            return np.array(array, dtype=dtype)
-        import cupy
-
-        with cupy.cuda.Device(self.gpu):
-            return cupy.array(array, dtype=dtype)
-
-    def empty_like(self, array: Any) -> Any:
-        """An uninitialised array of ``array``'s shape and dtype on the device."""
-        if self.gpu is None:
-            return np.empty_like(array)
-        import cupy
-
-        with cupy.cuda.Device(self.gpu):
-            return cupy.empty(array.shape, array.dtype)
-
-    def stage(self, buffer: Any, value: Any) -> Any:
-        """Copy ``value`` into ``buffer`` (made by :meth:`empty_like`); returns it."""
-        if self.gpu is None:
-            np.copyto(buffer, value)
-        else:
-            copy_into(buffer, value)
-        return buffer
+def pick_server_device(option: str, sid: int, where: str = "this worker") -> Device:
+    """The device that server ``sid`` keeps its values on under ``option`` (see
+    module doc); raises naming ``where`` when the GPU asked for is not there."""
+    if option == "cpu":
+        return cpu(0)
+    count = num_gpus()
+    if option == "auto":
+        return gpu(sid % count) if count else cpu(0)
+    if count == 0:
+        raise RuntimeError(
+            f"server {sid}: server_device={option!r}, but {where} has no CUDA GPU that CuPy can use"
+        )
+    if option == "gpu":
+        return gpu(sid % count)
+    index = int(_GPU_N.fullmatch(option).group(1))
+    if index >= count:
+        raise RuntimeError(
+            f"server {sid}: server_device={option!r}, but {where} has {count} GPU(s)"
+        )
+    return gpu(index)
 
 
 def host_copy(array: Any) -> np.ndarray:

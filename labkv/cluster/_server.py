@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import copy_into, empty, new_like, to_device
 from ..events import EventBus, summarize
 from ..optimizers import Optimizer
 from ..shard import Shard
-from ._device import ServerDevice, host_copy, host_view
+from ._device import host_copy, host_view, pick_server_device
 from ._events import EventStream
 from ._pack import PACK_BELOW, pack, seal, unpack, unseal
 
@@ -87,8 +88,8 @@ class Server:
         from distributed import get_worker
 
         worker = get_worker()
-        self.device = ServerDevice.pick(device, sid, f"Dask worker {worker.address}")
-        self.device_name = self.device.name
+        self.device = pick_server_device(device, sid, f"Dask worker {worker.address}")
+        self.device_name = str(self.device)
         self.sid, self.store_id, self.num_workers = sid, store_id, num_workers
         self.sync, self.timeout, self.topic = sync, timeout, topic
         self.bus = EventBus(store_id)
@@ -162,7 +163,7 @@ class Server:
             if key in self.meta:
                 raise ValueError(f"key {key!r} is already initialised")
         for key, piece, shape, dtype in items:
-            self.shard.init(key, self.device.own(piece, dtype))  # own, aligned copy
+            self.shard.init(key, to_device(np.asarray(piece, dtype=dtype), self.device))
             self.meta[key] = (tuple(shape), dtype)
             # A whole value, or slice 0 of a sliced one (slice s lives on server s): the
             # piece whose receipt stands for the push, so views count each push once.
@@ -276,8 +277,9 @@ class Server:
         its round completed (a rank has at most one value pending per key)."""
         stage = self._stage.get((key, rank))
         if stage is None or stage.shape != value.shape or stage.dtype != value.dtype:
-            stage = self._stage[(key, rank)] = self.device.empty_like(value)
-        return self.device.stage(stage, value)
+            stage = self._stage[(key, rank)] = empty(value.shape, value.dtype, self.device)
+        copy_into(stage, value)
+        return stage
 
     def _complete(self, keys: list[Key]) -> None:
         """Apply the rounds of ``keys`` (all ranks pushed) in one ``Shard.apply``."""
@@ -447,9 +449,7 @@ class Server:
         placed = {}
         for key, state in states.items():
             stored = self.shard.read(key)
-            placed[key] = tuple(
-                self.device.own(np.asarray(a).reshape(stored.shape), stored.dtype) for a in state
-            )
+            placed[key] = tuple(new_like(stored, np.asarray(a)) for a in state)
         opt.num_update = num_update
         opt.index_update_count = dict(counts)
         self.shard.states = placed

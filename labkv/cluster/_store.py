@@ -41,14 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import copy_into, is_cupy
+from ..devices import copy_into, device_of, empty
 from ..events import EventBus
 from ..optimizers import Optimizer
 from ..reduce import sum_into
 from ..store import Items, Key, KVStore
 from ._barrier import EventBarrier
 from ._connect import ClusterHandle, default_handle
-from ._device import parse_server_device
+from ._device import host_view, parse_server_device
 from ._events import ClusterBus, topic_of
 from ._pack import PACK_BELOW, pack, seal, sealable, unpack, unseal
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
@@ -161,19 +161,7 @@ def start_servers(
 
 def _host(array: Any) -> np.ndarray:
     """A plain, C-contiguous numpy array (no copy when it already is one)."""
-    if is_cupy(array):
-        array = array.get()
-    return np.asarray(array, order="C")
-
-
-def _sum_buffer(like: Any, shape: tuple, dtype: Any) -> Any:
-    """An empty array to sum per-device values into, on ``like``'s GPU for CuPy."""
-    if is_cupy(like):
-        import cupy
-
-        with cupy.cuda.Device(like.device.id):
-            return cupy.empty(shape, dtype)
-    return np.empty(shape, dtype)
+    return np.asarray(host_view(array), order="C")
 
 
 class DistStore(KVStore):
@@ -477,7 +465,7 @@ class DistStore(KVStore):
             if len(values) == 1:
                 value = values[0]
             else:  # sum the per-device values here, on their device when they share one
-                value = _sum_buffer(values[0], shape, dtype)
+                value = empty(shape, dtype, device_of(values[0]))
                 sum_into(value, values)
             value = _host(value)
             nbytes += value.nbytes
