@@ -30,6 +30,16 @@ from ._server import ClusterError
 _SLICE_S = 0.5
 
 
+def event_name(name: str, gen: int, rank: int) -> str:
+    """The scheduler event that rank ``rank`` sets on reaching generation ``gen``."""
+    return f"{name}/g{gen}/r{rank}"
+
+
+def abort_name(name: str) -> str:
+    """The scheduler event that aborts every wait of barrier ``name``."""
+    return f"{name}/abort"
+
+
 class EventBarrier:
     """The barrier of ``parties`` ranks named ``name`` (see module doc).
 
@@ -42,7 +52,7 @@ class EventBarrier:
         self.generation = 0
 
     def _event(self, gen: int, rank: int) -> str:
-        return f"{self.name}/g{gen}/r{rank}"
+        return event_name(self.name, gen, rank)
 
     def wait(self, client: Any = None) -> int:
         """Wait until all ranks arrive; the generation just completed."""
@@ -83,7 +93,7 @@ class EventBarrier:
             else:
                 arrived = await asyncio.gather(*waits)
             others = [q for q, ok in zip(others, arrived, strict=True) if not ok]
-            if others and await scheduler.event_is_set(name=f"{self.name}/abort"):
+            if others and await scheduler.event_is_set(name=abort_name(self.name)):
                 raise ClusterError(f"barrier {self.name!r}: the run was aborted")
 
 
@@ -96,12 +106,12 @@ def clear_barrier(client: Any, name: str, parties: int, generations: list[int]) 
 
     async def clear() -> None:
         names = [
-            f"{name}/g{g}/r{r}"
+            event_name(name, g, r)
             for r, count in zip(range(parties), generations)
             for g in (count - 1, count - 2)
             if g >= 0
         ]
-        names.append(f"{name}/abort")
+        names.append(abort_name(name))
         await asyncio.gather(*(client.scheduler.event_clear(name=n) for n in names))
 
     client.sync(clear)

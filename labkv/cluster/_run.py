@@ -27,7 +27,7 @@ from typing import Any
 
 import distributed
 
-from ._barrier import clear_barrier
+from ._barrier import abort_name, clear_barrier
 from ._connect import ClusterHandle, default_handle
 from ._device import parse_server_device
 from ._events import EventStream, topic_of
@@ -93,7 +93,7 @@ def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reas
     for actor in servers:
         with contextlib.suppress(Exception):  # its worker may be gone
             calls.append(actor.abort(reason))
-    distributed.Event(f"{spec.group}/abort", client=client).set()
+    distributed.Event(abort_name(spec.group), client=client).set()
     for call in calls:
         with contextlib.suppress(Exception):
             call.result(timeout=5)

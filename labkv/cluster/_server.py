@@ -151,6 +151,15 @@ class Server:
                 if not future.done():
                     future.set_result(None)
 
+    async def _pushes_arrived(self, sender: str, seq: int, who: str) -> None:
+        """Wait until ``sender``'s first ``seq`` pushes have been applied here
+        (they may travel on other connections than the call that waits)."""
+        if self.next_seq.get(sender, 0) < seq:
+            await self._wait(
+                lambda: self.next_seq.get(sender, 0) >= seq,
+                lambda: f"push #{self.next_seq.get(sender, 0)} from {who} never arrived",
+            )
+
     def _missing_ranks(self, key: Key) -> str:
         r = self.rounds[key]
         missing = sorted(set(range(self.num_workers)) - set(r.pending))
@@ -200,11 +209,7 @@ class Server:
         caller's own (a rank on this worker, which may reuse them at once)."""
         (sender, rank, seq, keys, dtypes, big, borrowed), packed, bigs = unseal(msg)
         self.messages["push"] += 1
-        if self.next_seq.get(sender, 0) < seq:
-            await self._wait(
-                lambda: self.next_seq.get(sender, 0) >= seq,
-                lambda: f"push #{self.next_seq.get(sender, 0)} from rank {rank} never arrived",
-            )
+        await self._pushes_arrived(sender, seq, f"rank {rank}")
         try:
             values = self.shard.values
             for key in keys:
@@ -326,11 +331,7 @@ class Server:
         if error is not None:
             raise error
         self.messages["pull"] += 1
-        if self.next_seq.get(sender, 0) < seq:
-            await self._wait(
-                lambda: self.next_seq.get(sender, 0) >= seq,
-                lambda: f"push #{self.next_seq.get(sender, 0)} from this worker never arrived",
-            )
+        await self._pushes_arrived(sender, seq, "this worker")
         own_round = set()
         if self.sync:
             for key in keys:

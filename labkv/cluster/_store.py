@@ -85,6 +85,19 @@ def _settle(src: Any, dst: concurrent.futures.Future) -> None:
         dst.set_exception(exc)
 
 
+def _dispatch(held: list, send: Callable[[int, Any], Any]) -> None:
+    """Send held pushes ``(server, message, future, since)`` with ``send``, in
+    order; each future settles as its call does (a call that cannot even be
+    made, to a lost server, fails it as if sent)."""
+    for s, msg, done, _ in held:
+        try:
+            call = send(s, msg)
+        except Exception as exc:
+            done.set_exception(exc)
+            continue
+        call.add_done_callback(lambda call, done=done: _settle(call, done))
+
+
 @dataclass
 class StoreSpec:
     """What a rank needs to reach a store's servers (picklable; the actor
@@ -162,6 +175,24 @@ def start_servers(
 def _host(array: Any) -> np.ndarray:
     """A plain, C-contiguous numpy array (no copy when it already is one)."""
     return np.asarray(host_view(array), order="C")
+
+
+def _split(array: Any, pieces: list[Piece]) -> list[tuple[int, Any]]:
+    """``(server, part)`` of a value placed as ``pieces``: the array itself on
+    one server, or one flat slice (a view) per server."""
+    if len(pieces) == 1:
+        return [(pieces[0].server, array)]
+    flat = array.reshape(-1)
+    return [(p.server, flat[p.start : p.stop]) for p in pieces]
+
+
+def _join(parts: list[Any], shape: tuple, dtype: Any = None) -> np.ndarray:
+    """The host array of ``shape`` that :func:`_split` cut into ``parts``."""
+    if len(parts) == 1:
+        whole = np.asarray(parts[0])
+    else:
+        whole = np.concatenate([np.ravel(p) for p in parts])
+    return (whole if dtype is None else whole.astype(dtype, copy=False)).reshape(shape)
 
 
 class DistStore(KVStore):
@@ -358,13 +389,10 @@ class DistStore(KVStore):
 
     def _release(self, held: list | None = None) -> None:
         """Send held pushes (default: all) as push calls, in order."""
-        for s, msg, done, _ in self._take_held() if held is None else held:
-            try:
-                call = self._send(s, "push", msg)
-            except Exception as exc:  # a lost server: the push's error, as if sent
-                done.set_exception(exc)
-                continue
-            call.add_done_callback(lambda call, done=done: _settle(call, done))
+        _dispatch(
+            self._take_held() if held is None else held,
+            lambda s, msg: self._send(s, "push", msg),
+        )
 
     def _tick(self) -> None:
         """The hold timer, on the worker's loop: send the held pushes once the
@@ -378,13 +406,7 @@ class DistStore(KVStore):
                 return
             held, self._held = self._held, []
             self._timer_armed = False
-        for s, msg, done, _ in held:
-            try:
-                task = asyncio.ensure_future(self._coro(s, "push", (msg,)))
-            except Exception as exc:
-                done.set_exception(exc)
-                continue
-            task.add_done_callback(lambda task, done=done: _settle(task, done))
+        _dispatch(held, lambda s, msg: asyncio.ensure_future(self._coro(s, "push", (msg,))))
 
     def _flush(self) -> None:
         """Wait for the pushes still in flight (raising their errors)."""
@@ -432,10 +454,8 @@ class DistStore(KVStore):
         if self._owner:
             for key, array in items:
                 host = _host(array)
-                pieces = placed[key]
-                for p in pieces:
-                    piece = host if len(pieces) == 1 else host.reshape(-1)[p.start : p.stop]
-                    per_server[p.server].append((key, piece, tuple(host.shape), host.dtype.str))
+                for s, piece in _split(host, placed[key]):
+                    per_server[s].append((key, piece, tuple(host.shape), host.dtype.str))
             calls = [(s, self._call(s, "init", batch)) for s, batch in per_server.items()]
             self._wait_all(calls, "init")
         else:
@@ -469,13 +489,8 @@ class DistStore(KVStore):
                 sum_into(value, values)
             value = _host(value)
             nbytes += value.nbytes
-            pieces = self._pieces[key]
-            if len(pieces) == 1:
-                per_server[pieces[0].server].append((key, value))
-            else:
-                flat = value.reshape(-1)
-                for p in pieces:
-                    per_server[p.server].append((key, flat[p.start : p.stop]))
+            for s, piece in _split(value, self._pieces[key]):
+                per_server[s].append((key, piece))
         wait = nbytes >= _ACK_ABOVE
         calls, hold = [], []
         for s, batch in per_server.items():
@@ -585,11 +600,7 @@ class DistStore(KVStore):
                         np.copyto(flat[p.start : p.stop], got[(p.server, key)], casting="unsafe")
                     continue
                 if whole is None:
-                    shape, dtype = self._meta[key]
-                    whole = np.empty(int(np.prod(shape, dtype=np.int64)), dtype)
-                    for p in pieces:
-                        whole[p.start : p.stop] = got[(p.server, key)]
-                    whole = whole.reshape(shape)
+                    whole = _join([got[(p.server, key)] for p in pieces], *self._meta[key])
                 copy_into(out, whole)
 
     def _new_out(self, key: Key) -> Any:
@@ -608,10 +619,7 @@ class DistStore(KVStore):
         pieces = self._pieces[key]
         calls = [(p.server, self._call(p.server, "peek", [key])) for p in pieces]
         values = [reply[0] for reply in self._wait_all(calls, "peek")]
-        shape, dtype = self._meta[key]
-        if len(values) == 1:
-            return np.asarray(values[0], dtype=dtype).reshape(shape)
-        return np.concatenate([np.ravel(v) for v in values]).astype(dtype).reshape(shape)
+        return _join(values, *self._meta[key])
 
     # -- updaters, optimizers, states -------------------------------------------------
     def _set_updater_impl(self, updater: Callable) -> None:
@@ -634,16 +642,10 @@ class DistStore(KVStore):
             parts = [gathered[p.server][2].get(key) for p in pieces]
             if any(part is None for part in parts):
                 continue
-            if len(pieces) == 1:
-                states[key] = tuple(parts[0])
-            else:
-                shape = self._meta[key][0]
-                states[key] = tuple(
-                    np.concatenate([np.asarray(part[j]).reshape(-1) for part in parts]).reshape(
-                        shape
-                    )
-                    for j in range(len(parts[0]))
-                )
+            shape = self._meta[key][0]
+            states[key] = tuple(
+                _join([part[j] for part in parts], shape) for j in range(len(parts[0]))
+            )
         counts["__num_update__"] = max(g[0] for g in gathered)
         return counts, states
 
@@ -656,14 +658,9 @@ class DistStore(KVStore):
             for p in self._pieces[key]:
                 server_counts[p.server][key] = count
         for key, state in states.items():
-            pieces = self._pieces[key]
-            for p in pieces:
-                server_states[p.server][key] = tuple(
-                    np.asarray(a)
-                    if len(pieces) == 1
-                    else np.asarray(a).reshape(-1)[p.start : p.stop]
-                    for a in state
-                )
+            split = [dict(_split(np.asarray(a), self._pieces[key])) for a in state]
+            for p in self._pieces[key]:
+                server_states[p.server][key] = tuple(parts[p.server] for parts in split)
         calls = [
             (s, self._call(s, "set_states", num_update, server_counts[s], server_states[s]))
             for s in range(self.num_servers)
