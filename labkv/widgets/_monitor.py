@@ -143,17 +143,22 @@ class Monitor:
         """Fold pending events and bring the dashboard (if any) up to date."""
         with self._refresh_lock:
             model = self.model
-            self._flush_bus()
-            model.flush()
-            if len(model.keys) != self._placement_keys:
-                self._placement_keys = len(model.keys)
-                self._placement = self._read_placement()
+            self._catch_up()
             dashboard = self._dashboard
             if dashboard is None:
                 return
             chosen = dashboard.value_key.value
             self._read_value(chosen if chosen is not None else self._chosen)
             dashboard.update(model, self._value, self._placement, self._title(), self.closed)
+
+    def _catch_up(self) -> None:
+        """Fold everything the bus has (detailed and only counted calls) into the
+        model, and re-read the placement when keys were added."""
+        self._flush_bus()
+        self.model.flush()
+        if len(self.model.keys) != self._placement_keys:
+            self._placement_keys = len(self.model.keys)
+            self._placement = self._read_placement()
 
     def _read_placement(self) -> dict[Any, Any]:
         try:
@@ -197,11 +202,7 @@ class Monitor:
     def summary(self, events: int = 10) -> str:
         """Text of every non-empty section: per-key table, last ``events`` events,
         updater calls, fan-in, server load."""
-        self._flush_bus()
-        self.model.flush()
-        if len(self.model.keys) != self._placement_keys:
-            self._placement_keys = len(self.model.keys)
-            self._placement = self._read_placement()
+        self._catch_up()
         return text_summary(self.model, self._placement, self._title(), events)
 
     def _title(self) -> str:

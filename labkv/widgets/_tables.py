@@ -29,6 +29,7 @@ __all__ = [
     "fmt_bytes",
     "fmt_key",
     "fmt_num",
+    "fmt_shape",
     "keys_table",
     "log_table",
     "servers_table",
@@ -66,6 +67,15 @@ def fmt_bytes(n: int | None) -> str:
 def fmt_key(key: Any) -> str:
     """Keys as the user wrote them: ``3``, ``w``."""
     return "-" if key is None else str(key)
+
+
+def fmt_shape(shape: tuple[int, ...], empty: str = "()") -> str:
+    """``2x3``; ``empty`` for a 0-d (or unknown) shape.
+
+    >>> fmt_shape((2, 3)), fmt_shape(())
+    ('2x3', '()')
+    """
+    return "x".join(map(str, shape)) or empty
 
 
 def fmt_time(t: float) -> str:
@@ -115,7 +125,7 @@ def keys_table(model: MonitorModel, placement: dict[Any, Any] | None = None) -> 
         rows.append(
             [
                 fmt_key(s.key),
-                "x".join(map(str, s.shape)) or "()",
+                fmt_shape(s.shape),
                 str(s.pushes),
                 str(s.pulls),
                 str(s.updates),
@@ -142,7 +152,7 @@ def log_table(
             fmt_key(e.key),
             str(e.rank),
             fmt_where(e),
-            "x".join(map(str, e.shape)) or "-",
+            fmt_shape(e.shape, "-"),
             fmt_bytes(e.nbytes) if e.nbytes else "-",
             _event_value(e),
         ]

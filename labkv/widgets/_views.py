@@ -23,6 +23,7 @@ from ._tables import (
     fanin_table,
     fmt_key,
     fmt_num,
+    fmt_shape,
     keys_table,
     log_table,
     servers_table,
@@ -279,8 +280,8 @@ class Dashboard:
         pic = value.picture
         if pic is None:
             return
-        shape = "x".join(map(str, value.shape)) or "()"
-        shown = "x".join(map(str, pic.shape))
+        shape = fmt_shape(value.shape)
+        shown = fmt_shape(pic.shape)
         caption = (
             f"key {fmt_key(value.key)}: {shape} {value.dtype}, shown {shown}; "
             f"min {fmt_num(float(np.nanmin(pic)))} max {fmt_num(float(np.nanmax(pic)))} "
