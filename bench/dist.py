@@ -114,6 +114,15 @@ def _ranks(kv, case, iters):
     return elapsed, load
 
 
+#: the echoes of the baseline: (label, bytes, calls)
+ECHOES = (("16MiB", 16 * MIB, 30), ("tiny", 4, 400))
+
+
+def _best_of_3(client, worker: str, echo, *args) -> float:
+    """The fastest of three runs of an echo task on ``worker`` (seconds per call)."""
+    return min(client.submit(echo, *args, workers=[worker], pure=False).result() for _ in range(3))
+
+
 def _default_environ_echo(scale: int) -> dict[str, float]:
     """The actor echo (16 MiB, tiny) on a cluster with Dask's default worker
     environment: its MALLOC_TRIM_THRESHOLD_ freezes glibc's mmap threshold at
@@ -132,13 +141,8 @@ def _default_environ_echo(scale: int) -> dict[str, float]:
             a, b = handle.workers()
             actor = client.submit(Echo, actor=True, workers=[b], pure=False).result()
             return {
-                label: min(
-                    client.submit(
-                        _actor_echo, actor, nbytes, iters // scale, workers=[a], pure=False
-                    ).result()
-                    for _ in range(3)
-                )
-                for label, nbytes, iters in (("16MiB", 16 * MIB, 30), ("tiny", 4, 400))
+                label: _best_of_3(client, a, _actor_echo, actor, nbytes, iters // scale)
+                for label, nbytes, iters in ECHOES
             }
     finally:
         os.environ.clear()
@@ -156,18 +160,12 @@ def main(quick: bool = False, repeats: int = 3) -> None:
         actor = client.submit(Echo, actor=True, workers=[b], pure=False).result()
         client.run(_install_handler, workers=[b])
         base = {}
-        for label, nbytes, iters in (("16MiB", 16 * MIB, 30), ("tiny", 4, 400)):
-            base[("actor", label)] = min(
-                client.submit(
-                    _actor_echo, actor, nbytes, iters // scale, workers=[a], pure=False
-                ).result()
-                for _ in range(3)
+        for label, nbytes, iters in ECHOES:
+            base[("actor", label)] = _best_of_3(
+                client, a, _actor_echo, actor, nbytes, iters // scale
             )
-            base[("handler", label)] = min(
-                client.submit(
-                    _handler_echo, b, nbytes, iters // scale, workers=[a], pure=False
-                ).result()
-                for _ in range(3)
+            base[("handler", label)] = _best_of_3(
+                client, a, _handler_echo, b, nbytes, iters // scale
             )
         cases = [
             ("16MiB x1", 30),
