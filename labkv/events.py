@@ -70,6 +70,16 @@ def _spent(quick: tuple[Any, int]) -> int:
     return granted - operator.length_hint(credits) if granted else 0
 
 
+def _report(slot: list, nbytes: int) -> tuple[int, int]:
+    """Count one call of ``nbytes`` in ``slot`` and report it with the calls only
+    counted since the last report: ``(count, nbytes)`` (under the tally lock)."""
+    slot[_CALLS] += 1
+    slot[_BYTES] += nbytes
+    count, total = slot[_CALLS] - slot[_REPORTED], slot[_BYTES] - slot[_REPORTED_BYTES]
+    slot[_REPORTED], slot[_REPORTED_BYTES] = slot[_CALLS], slot[_BYTES]
+    return count, total
+
+
 @dataclass(slots=True)
 class Event:
     """One thing the store did.
@@ -330,12 +340,8 @@ class EventBus:
                 return 1, nbytes
             if now - slot[_WINDOW] >= interval:
                 slot[_WINDOW], slot[_USED], slot[_WINDOW_CALLS] = now, 0, slot[_CALLS]
-            slot[_CALLS] += 1
-            slot[_BYTES] += nbytes
             slot[_USED] += 1
-            count, total = slot[_CALLS] - slot[_REPORTED], slot[_BYTES] - slot[_REPORTED_BYTES]
-            slot[_REPORTED], slot[_REPORTED_BYTES] = slot[_CALLS], slot[_BYTES]
-            return count, total
+            return _report(slot, nbytes)
 
     def _fold_quick(self, op: str, key: Key, slot: list) -> None:
         """Add the calls the store counted inline to the slot (the calling thread's
@@ -352,11 +358,7 @@ class EventBus:
         if slot[_QUICK][1]:
             self._fold_quick(op, key, slot)
         with self._tally_lock:
-            slot[_CALLS] += 1
-            slot[_BYTES] += nbytes
-            count, total = slot[_CALLS] - slot[_REPORTED], slot[_BYTES] - slot[_REPORTED_BYTES]
-            slot[_REPORTED], slot[_REPORTED_BYTES] = slot[_CALLS], slot[_BYTES]
-            return count, total
+            return _report(slot, nbytes)
 
     def flush(self) -> int:
         """Deliver the calls tallied since their last detailed event, as one
