@@ -1,6 +1,6 @@
 """Benchmark of the dist_sync store against a raw Dask echo, measured in one run.
 
-    python bench/dist.py [--quick]
+    python bench/dist.py [--quick] [--dask-malloc]
 
 W = 2 ranks (``labkv.cluster.run``) on an embedded 2-worker LocalCluster, with
 S = 1 and S = 2 servers: push+pull per iteration of a 16 MiB model (1 key; 4
@@ -11,13 +11,18 @@ worker comm handler (the "worker extension" alternative). The echo runs on the
 store's own cluster (whose workers reuse big buffers, see
 ``labkv.cluster._connect._MALLOC_ENV``) and once more on a cluster with Dask's
 default worker environment (every buffer over 128 KiB a fresh mmap), the
-baseline as Dask ships. A benchmark, not a test: it prints a table, it asserts
-nothing.
+baseline as Dask ships. Each rank also counts its worker process's page faults
+(``ru_minflt``) per iteration: the rank and its worker's server share the
+process. ``--dask-malloc`` runs the store itself on Dask's default worker
+environment too (what it measured before the embedded workers reused buffers).
+A benchmark, not a test: it prints tables, it asserts nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import statistics
 import sys
 import time
@@ -78,7 +83,7 @@ def _ranks(kv, case, iters):
         t = time.perf_counter()
         for _ in range(iters):
             kv.barrier()
-        return (time.perf_counter() - t) / iters, None
+        return (time.perf_counter() - t) / iters, None, None
     sizes = {
         "16MiB x1": [4 * MIB] * 1,
         "4MiB x4": [MIB] * 4,
@@ -95,14 +100,16 @@ def _ranks(kv, case, iters):
     kv.barrier()
     before = kv.server_load() if kv.rank == 0 else None
     kv.barrier()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t = time.perf_counter()
     for _ in range(iters):
         kv.push(keys, grads)
         kv.pull(keys, out=outs)
     elapsed = (time.perf_counter() - t) / iters
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / iters
     kv.barrier()
     if kv.rank != 0:
-        return elapsed, None
+        return elapsed, None, faults
     after = kv.server_load()
     load = [
         (
@@ -111,7 +118,7 @@ def _ranks(kv, case, iters):
         )
         for a, b in zip(after, before, strict=True)
     ]
-    return elapsed, load
+    return elapsed, load, faults
 
 
 #: the echoes of the baseline: (label, bytes, calls)
@@ -123,38 +130,49 @@ def _best_of_3(client, worker: str, echo, *args) -> float:
     return min(client.submit(echo, *args, workers=[worker], pure=False).result() for _ in range(3))
 
 
-def _default_environ_echo(scale: int) -> dict[str, float]:
-    """The actor echo (16 MiB, tiny) on a cluster with Dask's default worker
-    environment: its MALLOC_TRIM_THRESHOLD_ freezes glibc's mmap threshold at
-    128 KiB, which this mmap threshold restates (and so overrides labkv's)."""
+@contextlib.contextmanager
+def _cluster(dask_malloc: bool):
+    """An embedded 2-worker cluster: labkv's worker environment, or Dask's
+    default one (its MALLOC_TRIM_THRESHOLD_ freezes glibc's mmap threshold at
+    128 KiB, which the mmap threshold below restates, so overriding labkv's)."""
     import dask
 
     from labkv.cluster import connect
 
+    if not dask_malloc:
+        with connect(n_workers=2, dashboard_address=None) as handle:
+            yield handle
+        return
     default = {"distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 128 << 10}
     # A Nanny copies its pre-spawn environment into this process's os.environ,
     # which wins over the config for the clusters started after it: restore it.
     saved = dict(os.environ)
     try:
         with dask.config.set(default), connect(n_workers=2, dashboard_address=None) as handle:
-            client = handle.client
-            a, b = handle.workers()
-            actor = client.submit(Echo, actor=True, workers=[b], pure=False).result()
-            return {
-                label: _best_of_3(client, a, _actor_echo, actor, nbytes, iters // scale)
-                for label, nbytes, iters in ECHOES
-            }
+            yield handle
     finally:
         os.environ.clear()
         os.environ.update(saved)
 
 
-def main(quick: bool = False, repeats: int = 3) -> None:
-    from labkv.cluster import connect, run
+def _default_environ_echo(scale: int) -> dict[str, float]:
+    """The actor echo (16 MiB, tiny) on a cluster with Dask's default worker environment."""
+    with _cluster(dask_malloc=True) as handle:
+        client = handle.client
+        a, b = handle.workers()
+        actor = client.submit(Echo, actor=True, workers=[b], pure=False).result()
+        return {
+            label: _best_of_3(client, a, _actor_echo, actor, nbytes, iters // scale)
+            for label, nbytes, iters in ECHOES
+        }
+
+
+def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> None:
+    from labkv.cluster import run
 
     scale = 4 if quick else 1
     dask_default = _default_environ_echo(scale)
-    with connect(n_workers=2, dashboard_address=None) as handle:
+    with _cluster(dask_malloc) as handle:
         client = handle.client
         a, b = handle.workers()
         actor = client.submit(Echo, actor=True, workers=[b], pure=False).result()
@@ -178,6 +196,7 @@ def main(quick: bool = False, repeats: int = 3) -> None:
         for case, iters in cases:
             times: dict[int, list[float]] = {1: [], 2: []}
             ratios: dict[int, list[float]] = {1: [], 2: []}
+            faults: dict[int, list[float]] = {1: [], 2: []}
             loads = {}
             nbytes, echo_iters = (16 * MIB, 30) if "MiB" in case else (4, 400)
             for _ in range(repeats):
@@ -194,12 +213,16 @@ def main(quick: bool = False, repeats: int = 3) -> None:
                         cluster=handle,
                         args=(case, max(5, iters // scale)),
                     )
-                    t = max(t for t, _ in per_rank)
+                    t = max(t for t, _, _ in per_rank)
                     times[servers].append(t)
                     ratios[servers].append(t / echo)
                     loads[servers] = per_rank[0][1]
+                    if per_rank[0][2] is not None:
+                        faults[servers].append(max(f for _, _, f in per_rank))
             med = statistics.median
-            rows.append((case, med(times[1]), med(times[2]), med(ratios[1]), med(ratios[2]), loads))
+            rows.append(
+                (case, med(times[1]), med(times[2]), med(ratios[1]), med(ratios[2]), loads, faults)
+            )
     echo16, echo_tiny = base[("actor", "16MiB")], base[("actor", "tiny")]
     print("raw Dask echo, task on worker A -> worker B -> back (ms per call, best of 3):")
     print(f"  async actor method : 16 MiB {echo16 * 1e3:7.2f}   tiny {echo_tiny * 1e3:6.3f}")
@@ -212,6 +235,8 @@ def main(quick: bool = False, repeats: int = 3) -> None:
         f"{dask_default['16MiB'] * 1e3:7.2f}   tiny {dask_default['tiny'] * 1e3:6.3f}"
     )
     print()
+    workers = "Dask's default" if dask_malloc else "labkv's (buffers reused)"
+    print(f"store on a cluster with {workers} worker environment")
     print(
         f"labkv dist_sync, W = 2 ranks, push+pull per iteration (ms, median of {repeats} runs;\n"
         "ratio to the actor echo of the same bytes (16 MiB or tiny) measured just before, median;\n"
@@ -221,7 +246,7 @@ def main(quick: bool = False, repeats: int = 3) -> None:
         f"{'case':<12}{'S=1 ms':>10}{'S=2 ms':>10}{'S=1 x echo':>12}{'S=2 x echo':>12}"
         f"{'S=1 x dflt':>12}{'S=2 x dflt':>12}"
     )
-    for case, t1, t2, r1, r2, _ in rows:
+    for case, t1, t2, r1, r2, _, _ in rows:
         dflt = dask_default["16MiB" if "MiB" in case else "tiny"]
         print(
             f"{case:<12}{t1 * 1e3:>10.2f}{t2 * 1e3:>10.2f}{r1:>12.2f}{r2:>12.2f}"
@@ -229,7 +254,7 @@ def main(quick: bool = False, repeats: int = 3) -> None:
         )
     print()
     print("per-server traffic per iteration (MiB in / out, from the servers' byte counters):")
-    for case, *_, loads in rows:
+    for case, *_, loads, _ in rows:
         if loads[1] is None:
             continue
         cells = []
@@ -241,6 +266,13 @@ def main(quick: bool = False, repeats: int = 3) -> None:
             )
         print(f"  {case:<12} S=1: {cells[0]:<24} S=2: {cells[1]}")
 
+    print()
+    print("page faults per iteration (the busier of the two worker processes, median):")
+    for case, *_, faults in rows:
+        if faults[1]:
+            med = statistics.median
+            print(f"  {case:<12} S=1: {med(faults[1]):8.0f}   S=2: {med(faults[2]):8.0f}")
+
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv)
+    main(quick="--quick" in sys.argv, dask_malloc="--dask-malloc" in sys.argv)
