@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -126,6 +127,43 @@ def test_a_killed_worker_gives_a_clear_error_not_a_hang(handle):
 
 def _kill_this_worker():
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pid():
+    return os.getpid()
+
+
+@pytest.mark.slow
+def test_a_call_waiting_on_a_server_the_scheduler_drops_fails_within_seconds(handle):
+    # The server's worker is frozen, so the push neither fails nor answers; once
+    # the scheduler removes that worker, the wait must say so, not run out its 25 s.
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2, timeout=20)
+    kv.init([0, 1], [np.zeros(3, np.float32), np.zeros(5, np.float32)])
+    victim = kv.placement()[1][0]["device"].split("@")[1]
+    pid = handle.client.run(_pid, workers=[victim])[victim]
+
+    async def drop(dask_scheduler):
+        await dask_scheduler.remove_worker(victim, stimulus_id="test-drop")
+
+    def drop_after_a_second():
+        time.sleep(1.0)
+        handle.client.run_on_scheduler(drop)
+
+    os.kill(pid, signal.SIGSTOP)
+    dropper = threading.Thread(target=drop_after_a_second)
+    try:
+        dropper.start()
+        started = time.monotonic()
+        with pytest.raises(ClusterError, match=rf"server 1 on Dask worker {victim} is lost"):
+            kv.push([0, 1], [np.ones(3, np.float32), np.ones(5, np.float32)])
+            kv.pull([0, 1])
+        assert time.monotonic() - started < 10
+    finally:
+        dropper.join()
+        os.kill(pid, signal.SIGKILL)  # its nanny starts a fresh worker
+        with contextlib.suppress(Exception):
+            kv.close()
+        handle.client.wait_for_workers(2, timeout=60)
 
 
 @pytest.mark.slow

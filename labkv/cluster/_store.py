@@ -61,6 +61,8 @@ _ACK_ABOVE = 1 << 20
 # Client-side waits get this much longer than the servers' own, so that the
 # server's error (which names the missing ranks) arrives before ours.
 _GRACE_S = 5.0
+# How often a wait for a server looks whether the scheduler reported it lost.
+_POLL_S = 0.5
 # Server methods a rank calls in-process when the server lives on its own Dask
 # worker (see DistStore._call): those whose arguments the server copies or only
 # reads, and whose results are fresh objects or values the rank may read.
@@ -308,15 +310,19 @@ class DistStore(KVStore):
         """The coroutine of a rank's call (run on the worker's loop); raises at
         once when the server is known to be lost."""
         actor = self._servers[s]
-        future = getattr(actor, "_future", None)
-        if future is not None and future.status not in ("finished", "pending"):
-            raise self._lost(s, RuntimeError(f"Worker holding Actor was lost ({future.status})"))
+        self._raise_if_lost(s)
         local = self._local[s]
         if local is not None and method in _LOCAL_METHODS:
             if self._worker.state.actors.get(actor.key) is not local:
                 raise self._lost(s, RuntimeError("the server actor is gone from its worker"))
             return getattr(local, method)(*args)
         return self._remote(s, method, args)
+
+    def _raise_if_lost(self, s: int) -> None:
+        """Raise when the scheduler has reported server ``s``'s worker lost."""
+        future = getattr(self._servers[s], "_future", None)
+        if future is not None and future.status not in ("finished", "pending"):
+            raise self._lost(s, RuntimeError(f"Worker holding Actor was lost ({future.status})"))
 
     def _send(self, s: int, method: str, *args: Any) -> Any:
         """:meth:`_call` without sending the held pushes first."""
@@ -348,22 +354,29 @@ class DistStore(KVStore):
         raise reply["exception"]
 
     def _wait_all(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
-        """Results of in-flight server calls, in order; every wait is bounded."""
+        """Results of in-flight server calls, in order; every wait is bounded.
+
+        A call to a server whose worker died can sit in Dask's connect retries
+        for up to its connect timeout, so the wait looks every ``_POLL_S`` at
+        whether the scheduler has reported the server lost."""
         deadline = time.monotonic() + self._spec.timeout + _GRACE_S
-        results = []
-        for s, future in calls:
+        return [self._wait_one(s, future, deadline, what) for s, future in calls]
+
+    def _wait_one(self, s: int, future: Any, deadline: float, what: str) -> Any:
+        while True:
             try:
-                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+                return future.result(timeout=min(_POLL_S, max(0.0, deadline - time.monotonic())))
             except ClusterError:
                 raise
             except TimeoutError as exc:
-                raise ClusterError(
-                    f"server {s} on {self._spec.server_addresses[s]} did not answer "
-                    f"{what} within {self._spec.timeout + _GRACE_S:g} s"
-                ) from exc
+                self._raise_if_lost(s)
+                if time.monotonic() >= deadline:
+                    raise ClusterError(
+                        f"server {s} on {self._spec.server_addresses[s]} did not answer "
+                        f"{what} within {self._spec.timeout + _GRACE_S:g} s"
+                    ) from exc
             except (OSError, RuntimeError) as exc:
                 raise self._lost(s, exc) from exc
-        return results
 
     # -- held pushes ---------------------------------------------------------------
     def _hold(self, s: int, msg: Any) -> None:
