@@ -17,8 +17,12 @@ a noisy neighbour on a shared machine hurts every condition alike):
 Garbage is collected before each timed case, so that the events the no-op
 subscriber leaves behind are not collected inside another condition's timing.
 
-Ratios are rates relative to ``no subscriber`` (1.00 = as fast); the last
-lines of each case divide out what the store spends building events for any
+Each condition's slowdown against ``no subscriber`` is printed two ways: from
+the best rates of all rounds, and as the median (and range) of the ratios
+within each round. The conditions run in a shuffled order in every round, so
+none always follows another's garbage or warms up after it. ``after close``
+should read 0%: how far it strays shows the noise of the run. The last lines
+of each case divide out what the store spends building events for any
 subscriber, leaving the monitor's own share.
 """
 
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import random
+import statistics
 import time
 from collections.abc import Callable
 
@@ -97,6 +103,10 @@ def push_pull_rate(kv, key, value, out, seconds: float) -> float:
             return n / (now - t0)
 
 
+def _slower(ratio: float) -> str:
+    return f"{(1 - ratio) * 100:+5.1f}%"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
@@ -109,10 +119,13 @@ def main() -> None:
     }
     for key, value in cases.values():
         kv.init(key, np.zeros_like(value))
-    best: dict[tuple[str, str], float] = {}
+    rates: dict[tuple[str, str], list[float]] = {}
+    order = list(CONDITIONS)
+    shuffle = random.Random(0).shuffle
     for _ in range(args.rounds):
-        for name, setup in CONDITIONS.items():
-            teardown = setup(kv)
+        shuffle(order)  # no condition always runs right after the no-op subscriber's garbage
+        for name in order:
+            teardown = CONDITIONS[name](kv)
             try:
                 for case, (key, value) in cases.items():
                     out = np.empty_like(value)
@@ -120,21 +133,25 @@ def main() -> None:
                     # here, not in whichever condition the collector would wake up in.
                     gc.collect()
                     rate = push_pull_rate(kv, key, value, out, args.seconds)
-                    best[case, name] = max(best.get((case, name), 0.0), rate)
+                    rates.setdefault((case, name), []).append(rate)
             finally:
                 teardown()
-    print(f"labkv monitor overhead: best of {args.rounds} rounds x {args.seconds} s, local store")
+    print(f"labkv monitor overhead: {args.rounds} rounds x {args.seconds} s, local store")
+    print("(best: ratio of the best rates; per round: median [range] of each round's ratio)")
     for case in cases:
-        base = best[case, "no subscriber"]
         print(f"\n{case}: push+pull pairs per second")
+        base = rates[case, "no subscriber"]
         for name in CONDITIONS:
-            rate = best[case, name]
+            best = max(rates[case, name]) / max(base)
+            paired = sorted(r / b for r, b in zip(rates[case, name], base, strict=True))
             print(
-                f"  {name:<22} {rate:12,.0f} /s   ratio {rate / base:5.3f}   ({(1 - rate / base) * 100:+5.1f}% slower)"
+                f"  {name:<20} {max(rates[case, name]):9,.0f} /s   best {_slower(best)}"
+                f"   per round {_slower(statistics.median(paired))}"
+                f" [{_slower(paired[-1])} .. {_slower(paired[0])}]"
             )
-        events = best[case, "no-op subscriber"]
+        events = max(rates[case, "no-op subscriber"])
         for name in ("monitor (model)", "monitor + dashboard"):
-            own = best[case, name] / events
+            own = max(rates[case, name]) / events
             print(f"  the monitor's own share, {name} vs no-op subscriber: ratio {own:5.3f}")
     if REFRESH_CPU:
         ms = sorted(t * 1e3 for t in REFRESH_CPU)

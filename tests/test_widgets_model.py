@@ -11,7 +11,15 @@ import labkv
 from labkv.events import Event, EventBus
 from labkv.widgets import MonitorModel, monitor
 from labkv.widgets._html import table_html
-from labkv.widgets._tables import fanin_table, keys_table, log_table, servers_table, trace_table
+from labkv.widgets._tables import (
+    EventRows,
+    fanin_table,
+    keys_table,
+    log_row,
+    log_table,
+    servers_table,
+    trace_table,
+)
 
 SHAPE = (2, 3)
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -226,6 +234,28 @@ def test_hostile_key_names_are_escaped_in_html():
         html = table_html(headers, rows, "x")
         assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
     assert HOSTILE in str(mon)  # the text rendering shows it as it is
+    mon.close()
+
+
+def test_tables_redrawn_from_their_caches_match_a_fresh_drawing():
+    # A live view redraws from rows made and drawn last time; what it shows must be
+    # exactly what drawing from scratch shows, as events arrive and leave the table.
+    kv = labkv.create("local")
+    mon = monitor(kv)
+    kv.init([HOSTILE, "w"], [np.zeros(3), np.zeros(2)])
+    made, drawn = EventRows(log_row), {}
+    for step in range(6):
+        kv.push(HOSTILE if step % 2 else "w", np.full(3 if step % 2 else 2, step))
+        mon.refresh()
+        headers, rows = log_table(mon.model, limit=4, cache=made)
+        assert (headers, rows) == log_table(mon.model, limit=4)
+        html = table_html(headers, rows, "labkv-log", cache=drawn)
+        assert html == table_html(headers, rows, "labkv-log")
+        assert len(drawn) == len(rows) == min(4, 3 + step)  # only the rows shown are kept
+        assert "<img" not in html
+    events = mon.model.events(limit=4)
+    again = made.rows(events)
+    assert all(a is b for a, b in zip(again, made.rows(events), strict=True))  # made once
     mon.close()
 
 

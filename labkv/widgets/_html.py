@@ -31,12 +31,38 @@ def esc(value: object) -> str:
     return escape(str(value), quote=True)
 
 
-def table_html(headers: list[str], rows: list[list[str]], css: str, empty: str = "") -> str:
-    """A table with the CSS class ``css``; ``empty`` (escaped) when there are no rows."""
+def table_html(
+    headers: list[str],
+    rows: list[list[str]],
+    css: str,
+    empty: str = "",
+    cache: dict[tuple[str, ...], str] | None = None,
+) -> str:
+    """A table with the CSS class ``css``; ``empty`` (escaped) when there are no rows.
+
+    With ``cache`` (a dict the caller keeps between calls), a row drawn last
+    time is reused instead of escaped again; the dict then holds this call's
+    rows only, so it stays as small as the table.
+    """
     if not rows and empty:
         return f'<div class="labkv-empty {esc(css)}">{esc(empty)}</div>'
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join(
+    if cache is None:
+        body = "".join(map(_row_html, rows))
+    else:
+        keys = [tuple(row) for row in rows]
+        drawn = [cache.get(cells) or _row_html(cells) for cells in keys]
+        cache.clear()
+        cache.update(zip(keys, drawn, strict=True))
+        body = "".join(drawn)
+    return (
+        f'<table class="labkv-table {esc(css)}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table>"
+    )
+
+
+def _row_html(row: list[str] | tuple[str, ...]) -> str:
+    return (
         "<tr>"
         + "".join(
             f'<td class="{_CELL_CLASS[c]}">{esc(c)}</td>'
@@ -45,9 +71,4 @@ def table_html(headers: list[str], rows: list[list[str]], css: str, empty: str =
             for c in row
         )
         + "</tr>"
-        for row in rows
-    )
-    return (
-        f'<table class="labkv-table {esc(css)}"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{body}</tbody></table>"
     )

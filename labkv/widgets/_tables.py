@@ -19,20 +19,24 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..events import Event
 from ._model import MonitorModel
 
 __all__ = [
+    "EventRows",
     "fanin_table",
     "fmt_bytes",
     "fmt_key",
     "fmt_num",
     "fmt_shape",
     "keys_table",
+    "log_row",
     "log_table",
     "servers_table",
+    "trace_row",
     "trace_table",
 ]
 
@@ -140,25 +144,58 @@ def keys_table(model: MonitorModel, placement: dict[Any, Any] | None = None) -> 
 
 
 def log_table(
-    model: MonitorModel, key: Any = None, op: str | None = None, limit: int = 30
+    model: MonitorModel,
+    key: Any = None,
+    op: str | None = None,
+    limit: int = 30,
+    cache: EventRows | None = None,
 ) -> Table:
     """The newest logged events first, optionally one key and/or one op."""
     headers = ["seq", "time", "op", "key", "rank", "where", "shape", "bytes", "value"]
-    rows = [
-        [
-            str(e.seq),
-            fmt_time(e.time),
-            e.op,
-            fmt_key(e.key),
-            str(e.rank),
-            fmt_where(e),
-            fmt_shape(e.shape, "-"),
-            fmt_bytes(e.nbytes) if e.nbytes else "-",
-            _event_value(e),
-        ]
-        for e in model.events(key, op, limit)
+    events = model.events(key, op, limit)
+    return headers, (cache or EventRows(log_row)).rows(events)
+
+
+def log_row(e: Event) -> list[str]:
+    """One event's row of :func:`log_table`."""
+    return [
+        str(e.seq),
+        fmt_time(e.time),
+        e.op,
+        fmt_key(e.key),
+        str(e.rank),
+        fmt_where(e),
+        fmt_shape(e.shape, "-"),
+        fmt_bytes(e.nbytes) if e.nbytes else "-",
+        _event_value(e),
     ]
-    return headers, rows
+
+
+class EventRows:
+    """Table rows of events, each made once: an event never changes, and a live
+    view draws mostly the rows it drew last time. Holds the last call's events
+    only, so it stays as small as the table.
+
+    >>> from labkv.events import Event
+    >>> rows = EventRows(lambda e: [e.op])
+    >>> e = Event(0, 0.0, "s", "push", 1)
+    >>> rows.rows([e]), rows.rows([e])[0] is rows.rows([e])[0]
+    ([['push']], True)
+    """
+
+    def __init__(self, make: Callable[[Event], list[str]]):
+        self._make = make
+        self._rows: dict[int, tuple[Event, list[str]]] = {}
+
+    def rows(self, events: list[Event]) -> list[list[str]]:
+        """The rows of ``events``, in order."""
+        made = {}
+        for e in events:
+            hit = self._rows.get(id(e))
+            # identity, not just id(): an id may be reused once its event is gone
+            made[id(e)] = hit if hit is not None and hit[0] is e else (e, self._make(e))
+        self._rows = made
+        return [made[id(e)][1] for e in events]
 
 
 def _event_value(e: Event) -> str:
@@ -182,25 +219,26 @@ def reads_as(e: Event) -> str:
     return f"stored += input * {k:.4g}"
 
 
-def trace_table(model: MonitorModel, limit: int = 20) -> Table:
+def trace_table(model: MonitorModel, limit: int = 20, cache: EventRows | None = None) -> Table:
     """Updater and optimizer calls, newest first: merged input, stored before -> after."""
     headers = ["seq", "key", "op", "input mean (min..max)", "stored before", "stored after"]
     headers += ["on the mean"]
     with model.lock:
         events = list(model.trace)[::-1][:limit]
-    rows = [
-        [
-            str(e.seq),
-            fmt_key(e.key),
-            e.op if e.op == "update" else f"{e.op} {e.extra.get('optimizer', '')}".strip(),
-            fmt_summary(e.summary),
-            fmt_summary(e.before),
-            fmt_summary(e.after),
-            reads_as(e),
-        ]
-        for e in events
+    return headers, (cache or EventRows(trace_row)).rows(events)
+
+
+def trace_row(e: Event) -> list[str]:
+    """One updater call's row of :func:`trace_table`."""
+    return [
+        str(e.seq),
+        fmt_key(e.key),
+        e.op if e.op == "update" else f"{e.op} {e.extra.get('optimizer', '')}".strip(),
+        fmt_summary(e.summary),
+        fmt_summary(e.before),
+        fmt_summary(e.after),
+        reads_as(e),
     ]
-    return headers, rows
 
 
 def fanin_table(model: MonitorModel, now: float | None = None) -> Table:

@@ -20,13 +20,16 @@ import numpy as np
 from ._html import STYLE, esc, table_html
 from ._model import MonitorModel
 from ._tables import (
+    EventRows,
     fanin_table,
     fmt_key,
     fmt_num,
     fmt_shape,
     keys_table,
+    log_row,
     log_table,
     servers_table,
+    trace_row,
     trace_table,
 )
 
@@ -190,6 +193,12 @@ class Dashboard:
         self._known_keys: list[Any] = []
         self._version = -1
         self._value_version = -1
+        # While a store is busy every tick redraws its tables, mostly with last tick's
+        # rows: these keep the rows made and drawn, so only new ones cost anything.
+        self._log_made, self._trace_made = EventRows(log_row), EventRows(trace_row)
+        self._drawn: dict[str, dict] = {
+            name: {} for name in ("keys", "trace", "servers", "log", "fanin")
+        }
         self.root = W.VBox(
             [
                 W.HTML(STYLE),
@@ -243,17 +252,27 @@ class Dashboard:
             )
             _set(
                 self.keys,
-                value=table_html(*keys_table(model, placement), "labkv-keys", "no keys yet"),
+                value=table_html(
+                    *keys_table(model, placement), "labkv-keys", "no keys yet", self._drawn["keys"]
+                ),
             )
             _set(
                 self.trace,
                 value=table_html(
-                    *trace_table(model, self.trace_rows), "labkv-trace", "no updater calls yet"
+                    *trace_table(model, self.trace_rows, self._trace_made),
+                    "labkv-trace",
+                    "no updater calls yet",
+                    self._drawn["trace"],
                 ),
             )
             _set(
                 self.servers,
-                value=table_html(*servers_table(model), "labkv-servers", "no server events"),
+                value=table_html(
+                    *servers_table(model),
+                    "labkv-servers",
+                    "no server events",
+                    self._drawn["servers"],
+                ),
             )
             if keys != self._known_keys:
                 self._known_keys = keys
@@ -262,13 +281,16 @@ class Dashboard:
             self.plots.show_load(model)
         if changed or self._filters_dirty:
             self._filters_dirty = False
-            log = log_table(model, self.key_filter.value, self.op_filter.value, self.rows)
-            _set(self.log, value=table_html(*log, "labkv-log", "no events yet"))
+            log = log_table(
+                model, self.key_filter.value, self.op_filter.value, self.rows, self._log_made
+            )
+            _set(self.log, value=table_html(*log, "labkv-log", "no events yet", self._drawn["log"]))
         with model.lock:
             waiting = any(not fan.current()["complete"] for fan in model.fanin.values())
         if changed or waiting:  # an unfinished round's waiting time keeps growing
             fan = fanin_table(model, time.time())
-            _set(self.fanin, value=table_html(*fan, "labkv-fanin", "no dist_sync rounds"))
+            fanin = table_html(*fan, "labkv-fanin", "no dist_sync rounds", self._drawn["fanin"])
+            _set(self.fanin, value=fanin)
         if value.version != self._value_version:
             self._value_version = value.version
             self._show_value(value)
