@@ -138,6 +138,14 @@ def summarize(array: Any) -> dict[str, float]:
         flat = flat.astype(np.float64)
     # Min/max in the array's own dtype, the mean accumulated in float64 and the norm
     # from one dot product: no float64 copy of a float32 array (this runs per event).
+    if xp is np:
+        return {
+            "min": float(flat.min()),
+            "max": float(flat.max()),
+            "mean": float(flat.mean(dtype=np.float64)),
+            "norm": math.sqrt(float(np.vdot(flat, flat).real)),
+        }
+    # On a GPU: the four stats come to the host in one copy.
     stats = xp.stack(
         [
             flat.min().astype(np.float64),
@@ -385,9 +393,13 @@ class EventBus:
                 if calls > slot[_REPORTED]:
                     due.append((k, calls - slot[_REPORTED], nbytes - slot[_REPORTED_BYTES]))
                     slot[_REPORTED], slot[_REPORTED_BYTES] = calls, nbytes
-        peek = self.peek
+        peek, summaries = self.peek, {}  # a key's pushes and pulls share one summary
         for (op, key, rank, server), count, nbytes in due:
-            summary = summarize(peek(key)) if peek is not None and server is None else None
+            summary = None
+            if peek is not None and server is None:
+                if key not in summaries:
+                    summaries[key] = summarize(peek(key))
+                summary = summaries[key]
             event = Event(
                 next(self._seq),
                 time.time(),
