@@ -1,21 +1,26 @@
 """How much a monitor slows the local store: tiny and 1 MiB push+pull, side by side.
 
-    python bench/monitor_overhead.py [--rounds 5] [--seconds 0.4]
+    python bench/monitor_overhead.py [--rounds 20] [--seconds 0.25] [--warmup 0.1]
 
-Conditions, measured in interleaved rounds on one store (best round kept, so
-a noisy neighbour on a shared machine hurts every condition alike):
+Conditions, measured in interleaved rounds on one store, so that a noisy
+neighbour on a shared machine hurts every condition alike (many short rounds:
+the median of the per-round ratios is the steadiest reading here):
 
 - ``no subscriber``: the store builds no events (the baseline);
 - ``no-op subscriber``: the store builds every event, nobody does anything
   with it (what any watcher costs the store itself);
 - ``monitor (model)``: ``monitor(kv)`` with no front end;
-- ``monitor + dashboard``: the widgets built and refreshed at 10 Hz from the
-  ticker thread (no browser attached; the comm messages go nowhere); the CPU
-  time of each refresh is printed too;
+- ``monitor + dashboard``: the widgets built and refreshed by the ticker
+  thread (at most 10 Hz, spaced out to its CPU share while the store is
+  busy; no browser attached, the comm messages go nowhere); the CPU time of
+  each refresh is printed too;
 - ``after close``: the same store once the monitor is closed (must be 0%).
 
 Garbage is collected before each timed case, so that the events the no-op
-subscriber leaves behind are not collected inside another condition's timing.
+subscriber leaves behind are not collected inside another condition's timing,
+and every condition runs ``--warmup`` seconds untimed first: a monitor lives
+as long as its notebook, so its first ticks (drawing every table from
+scratch) are not what a training loop pays.
 
 Each condition's slowdown against ``no subscriber`` is printed two ways: from
 the best rates of all rounds, and as the median (and range) of the ratios
@@ -109,8 +114,9 @@ def _slower(ratio: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--seconds", type=float, default=0.4)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=0.25)
+    parser.add_argument("--warmup", type=float, default=0.1)
     args = parser.parse_args()
     kv = labkv.create("local")
     cases = {
@@ -132,6 +138,7 @@ def main() -> None:
                     # The no-op subscriber leaves ~100,000 events of garbage: collect it
                     # here, not in whichever condition the collector would wake up in.
                     gc.collect()
+                    push_pull_rate(kv, key, value, out, args.warmup)  # steady state first
                     rate = push_pull_rate(kv, key, value, out, args.seconds)
                     rates.setdefault((case, name), []).append(rate)
             finally:

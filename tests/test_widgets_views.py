@@ -11,6 +11,7 @@ import pytest
 import labkv
 from labkv.events import Event
 from labkv.widgets import monitor
+from labkv.widgets._throttle import Ticker
 from tests._waiting import wait_until
 from tests.test_widgets_model import HOSTILE, SHAPE, _round, run_tutorial
 
@@ -102,6 +103,26 @@ def test_updates_arrive_live_from_a_background_thread_at_bounded_rate(watched):
     elapsed = time.monotonic() - t0
     # the 20 Hz ticker, not the 2000 pushes, paces the writes
     assert 1 <= len(header_writes) <= elapsed * 20 + 3
+
+
+def _burn_cpu(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_costly_refreshes_are_spaced_to_their_cpu_share():
+    # 20 ms of CPU per call: at 50 Hz alone that is ~25 calls a second; a 10% share
+    # spaces them 0.2 s apart (a loaded machine only makes fewer calls).
+    calls = []
+    ticker = Ticker(lambda: (calls.append(time.monotonic()), _burn_cpu(0.02)), hz=50, cpu_share=0.1)
+    ticker.start()
+    time.sleep(1.2)
+    ticker.stop()
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    assert 2 <= len(calls) <= 7 and min(gaps) >= 0.2
+    cheap = Ticker(lambda: None, hz=50, cpu_share=0.1)  # cheap calls keep the full rate
+    assert cheap.wait_after(0.0) == 0.02 and cheap.wait_after(5.0) == 1.0  # never under 1 Hz
 
 
 def test_dist_views_from_cluster_events_on_another_thread(watched):

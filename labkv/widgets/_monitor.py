@@ -69,7 +69,9 @@ class Monitor:
     """Watches one store's events; see :func:`labkv.widgets.monitor`.
 
     ``hz`` bounds the dashboard's refresh rate, ``rows`` the rows of the event
-    log shown, ``log_size``/``trace_size`` the rings kept.
+    log shown, ``log_size``/``trace_size`` the rings kept. ``refresh_cpu`` is
+    the share of a core the refreshes may take from the notebook: when a busy
+    store makes them costly, they come less often (down to once a second).
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class Monitor:
         rows: int = 30,
         log_size: int = 500,
         trace_size: int = 100,
+        refresh_cpu: float = 0.005,
     ):
         self.model = MonitorModel(log_size=log_size, trace_size=trace_size)
         self.kv: Any = None
@@ -92,7 +95,7 @@ class Monitor:
         self._placement_keys = 0
         self._chosen: Any = None
         self._refresh_lock = threading.Lock()
-        self._ticker = Ticker(self.refresh, hz=hz)
+        self._ticker = Ticker(self.refresh, hz=hz, cpu_share=refresh_cpu)
         self.attach(kv)
 
     # -- life cycle ----------------------------------------------------------------
