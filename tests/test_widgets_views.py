@@ -125,6 +125,14 @@ def test_costly_refreshes_are_spaced_to_their_cpu_share():
     assert cheap.wait_after(0.0) == 0.02 and cheap.wait_after(5.0) == 1.0  # never under 1 Hz
 
 
+@pytest.mark.parametrize("options", [{"hz": 0}, {"refresh_cpu": 0}, {"refresh_cpu": 1.5}])
+def test_bad_refresh_options_are_refused_before_watching(options):
+    kv = labkv.create("local")
+    with pytest.raises(ValueError, match="hz|refresh_cpu"):
+        monitor(kv, **options)
+    assert not kv.events.active  # nothing subscribed
+
+
 def test_dist_views_from_cluster_events_on_another_thread(watched):
     kv, mon = watched
     _ = mon.widget

@@ -47,7 +47,7 @@ class Ticker:
         if not hz > 0 or not min_hz > 0:
             raise ValueError(f"hz and min_hz must be positive, got {hz!r} and {min_hz!r}")
         if not 0 < cpu_share <= 1:
-            raise ValueError(f"cpu_share must be in (0, 1], got {cpu_share!r}")
+            raise ValueError(f"refresh_cpu (cpu_share) must be in (0, 1], got {cpu_share!r}")
         self.fn = fn
         self.interval = 1.0 / hz
         self.longest = max(self.interval, 1.0 / min_hz)
