@@ -32,7 +32,7 @@ from ._connect import ClusterHandle, default_handle
 from ._device import parse_server_device
 from ._events import EventStream, topic_of
 from ._placement import DEFAULT_BIGARRAY_BOUND
-from ._server import ClusterError
+from ._server import TIMEOUTS, ClusterError
 from ._store import ASYNC_KINDS, DEFAULT_TIMEOUT_S, SYNC_KINDS, DistStore, StoreSpec, start_servers
 
 _POLL_S = 0.25
@@ -130,7 +130,7 @@ def _watch(
         raise cause
 
     while True:
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(*TIMEOUTS):
             running = [f for f in futures if f.status == "pending"]
             distributed.wait(running, timeout=_POLL_S, return_when="FIRST_COMPLETED")
         failed = [r for r, f in enumerate(futures) if f.status in ("error", "cancelled", "lost")]

@@ -24,6 +24,7 @@ last completed value at once.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,10 @@ def _expire(future: asyncio.Future) -> None:
 class ClusterError(RuntimeError):
     """A cross-process wait failed: a timeout (naming what is missing), an
     aborted run, or an updater that raised on a server."""
+
+
+#: What a timed-out wait raises: one class from Python 3.11 on, three before.
+TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)
 
 
 class _Round:

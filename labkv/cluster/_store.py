@@ -52,7 +52,7 @@ from ._device import host_view, parse_server_device
 from ._events import ClusterBus, topic_of
 from ._pack import PACK_BELOW, pack, seal, sealable, unpack, unseal
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
-from ._server import ClusterError, Server
+from ._server import TIMEOUTS, ClusterError, Server
 
 SYNC_KINDS = ("dist_sync", "dist_device_sync")
 ASYNC_KINDS = ("dist_async", "dist_async_device")
@@ -368,7 +368,7 @@ class DistStore(KVStore):
                 return future.result(timeout=min(_POLL_S, max(0.0, deadline - time.monotonic())))
             except ClusterError:
                 raise
-            except TimeoutError as exc:
+            except TIMEOUTS as exc:
                 self._raise_if_lost(s)
                 if time.monotonic() >= deadline:
                     raise ClusterError(
