@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import distributed
 import numpy as np
 
 from ..devices import copy_into, device_of, empty
@@ -136,8 +137,9 @@ def start_servers(
 
     Actors are pinned (``allow_other_workers=False``): a server's keys live in
     its worker's memory, so Dask must never move or re-run it elsewhere. A
-    server that cannot start (no GPU for ``device='gpu'``) fails the call, and
-    the servers already started are released.
+    server that cannot start (no GPU for ``device='gpu'``), or does not start
+    within ``timeout`` (its worker gone), fails the call, and the servers
+    already started are released.
     """
     client = handle.client
     workers = workers or handle.workers()
@@ -165,6 +167,15 @@ def start_servers(
     # The Actor handles bind to "the current client" when they are made; the
     # handle's client need not be Dask's default one (set_as_default=False).
     with client.as_current():
+        try:
+            distributed.wait(futures, timeout=timeout)
+        except TIMEOUTS:
+            late = [s for s, f in enumerate(futures) if f.status == "pending"]
+            client.cancel(futures)
+            raise ClusterError(
+                f"servers {late} of {store_id} did not start within {timeout:g} s on Dask "
+                f"worker(s) {sorted({addresses[s] for s in late})} (gone, or too busy?)"
+            ) from None
         try:
             actors = client.gather(futures)
             devices = [actor.device_name for actor in actors]
