@@ -150,7 +150,8 @@ def log_table(
     limit: int = 30,
     cache: EventRows | None = None,
 ) -> Table:
-    """The newest logged events first, optionally one key and/or one op."""
+    """The newest logged events first, optionally one key and/or one op;
+    ``cache``: an :class:`EventRows` of :func:`log_row` that a live view keeps."""
     headers = ["seq", "time", "op", "key", "rank", "where", "shape", "bytes", "value"]
     events = model.events(key, op, limit)
     return headers, (cache or EventRows(log_row)).rows(events)
@@ -220,7 +221,8 @@ def reads_as(e: Event) -> str:
 
 
 def trace_table(model: MonitorModel, limit: int = 20, cache: EventRows | None = None) -> Table:
-    """Updater and optimizer calls, newest first: merged input, stored before -> after."""
+    """Updater and optimizer calls, newest first: merged input, stored before -> after;
+    ``cache``: an :class:`EventRows` of :func:`trace_row` that a live view keeps."""
     headers = ["seq", "key", "op", "input mean (min..max)", "stored before", "stored after"]
     headers += ["on the mean"]
     with model.lock:
