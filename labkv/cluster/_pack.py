@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,35 @@ def unpack(buf: Any, specs: Sequence[Spec]) -> list[np.ndarray]:
         np.ndarray(shape, d, buffer=buf, offset=off)
         for d, off, (_, shape) in zip(dtypes, offsets, specs, strict=True)
     ]
+
+
+def unpack_values(
+    keys: Sequence[Any],
+    big: Sequence[int],
+    packed: Any,
+    bigs: Sequence[Any],
+    specs: Callable[[list[Any]], list[Spec]],
+) -> list[tuple[Any, Any]]:
+    """``(key, value)`` for each of a message's ``keys``, in order: the keys at
+    positions ``big`` have their own arrays in ``bigs`` (in that order); the
+    others' values are views into ``packed``, laid out by ``specs(their keys)``.
+
+    >>> buf = pack([np.arange(2, dtype=np.int8)])
+    >>> big = np.zeros(3)
+    >>> got = unpack_values(["a", "b"], [1], buf, [big], lambda ks: [(np.int8, (2,))] * len(ks))
+    >>> got[0][1].tolist(), got[1][1] is big
+    ([0, 1], True)
+    """
+    if not big:
+        small_keys = list(keys)
+    else:
+        big_set = set(big)
+        small_keys = [k for i, k in enumerate(keys) if i not in big_set]
+    small = iter(unpack(packed, specs(small_keys)) if small_keys else ())
+    if not big:
+        return list(zip(keys, small, strict=True))
+    large = iter(bigs)
+    return [(k, next(large) if i in big_set else next(small)) for i, k in enumerate(keys)]
 
 
 def seal(msg: tuple) -> tuple | bytes:

@@ -37,7 +37,7 @@ from ..optimizers import Optimizer
 from ..shard import Shard
 from ._device import host_copy, host_view, pick_server_device
 from ._events import EventStream
-from ._pack import PACK_BELOW, pack, seal, unpack, unseal
+from ._pack import PACK_BELOW, pack, seal, unpack_values, unseal
 
 Key = int | str
 
@@ -238,21 +238,13 @@ class Server:
     ) -> list[tuple[Key, Any]]:
         """``(key, value)`` pairs of a push message (views into ``packed``)."""
         values = self.shard.values
-        if not big:
-            small_keys = keys
-        else:
-            big_set = set(big)
-            small_keys = [k for i, k in enumerate(keys) if i not in big_set]
-        if small_keys:
+
+        def specs(small_keys: list[Key]) -> list[tuple[Any, tuple[int, ...]]]:
             if dtypes is None:
-                specs = [(values[k].dtype, values[k].shape) for k in small_keys]
-            else:
-                specs = [(d, values[k].shape) for k, d in zip(small_keys, dtypes, strict=True)]
-            small = iter(unpack(packed, specs))
-        if not big:
-            return list(zip(keys, small, strict=True))
-        large = iter(bigs)
-        return [(k, next(large) if i in big_set else next(small)) for i, k in enumerate(keys)]
+                return [(values[k].dtype, values[k].shape) for k in small_keys]
+            return [(d, values[k].shape) for k, d in zip(small_keys, dtypes, strict=True)]
+
+        return unpack_values(keys, big, packed, bigs, specs)
 
     async def _push_sync(
         self, sender: str, rank: int, items: list[tuple[Key, Any]], borrowed: bool

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 import time
 import uuid
@@ -51,7 +52,7 @@ from ._barrier import EventBarrier
 from ._connect import ClusterHandle, default_handle
 from ._device import host_view, parse_server_device
 from ._events import ClusterBus, topic_of
-from ._pack import PACK_BELOW, pack, seal, sealable, unpack, unseal
+from ._pack import PACK_BELOW, pack, seal, sealable, unpack_values, unseal
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
 from ._server import TIMEOUTS, ClusterError, Server
 
@@ -559,14 +560,17 @@ class DistStore(KVStore):
         header = (self._sender, self._rank, seq, keys, dtypes if differs else None, big, borrowed)
         return header, pack(small) if small else None, bigs
 
-    def _piece_spec(self, key: Key, s: int) -> tuple[np.dtype, tuple[int, ...]]:
-        """``(dtype, shape)`` of the piece of ``key`` that server ``s`` holds."""
-        shape, dtype = self._meta[key]
-        pieces = self._pieces[key]
-        if len(pieces) == 1:
-            return dtype, shape
-        p = pieces[s]  # a sliced key has slice s on server s
-        return dtype, (p.stop - p.start,)
+    def _piece_specs(self, s: int, keys: list[Key]) -> list[tuple[np.dtype, tuple[int, ...]]]:
+        """``(dtype, shape)`` of the pieces of ``keys`` that server ``s`` holds."""
+        specs = []
+        for key in keys:
+            shape, dtype = self._meta[key]
+            pieces = self._pieces[key]
+            if len(pieces) > 1:
+                p = pieces[s]  # a sliced key has slice s on server s
+                shape = (p.stop - p.start,)
+            specs.append((dtype, shape))
+        return specs
 
     def _pull_impl(self, items: Items) -> None:
         per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
@@ -599,16 +603,9 @@ class DistStore(KVStore):
         got: dict[tuple[int, Key], Any] = {}
         for s, reply in zip(servers, self._wait_all(calls, "pull"), strict=True):
             big, packed, bigs = unseal(reply)
-            keys = list(per_server[s])
-            if big:
-                big_set = set(big)
-                for i, value in zip(big, bigs, strict=True):
-                    got[(s, keys[i])] = value
-                keys = [k for i, k in enumerate(keys) if i not in big_set]
-            if keys:
-                views = unpack(packed, [self._piece_spec(k, s) for k in keys])
-                for key, value in zip(keys, views, strict=True):
-                    got[(s, key)] = value
+            specs = functools.partial(self._piece_specs, s)
+            for key, value in unpack_values(list(per_server[s]), big, packed, bigs, specs):
+                got[(s, key)] = value
         for key, outs in items:
             pieces = self._pieces[key]
             if len(pieces) == 1:
