@@ -139,7 +139,7 @@ def test_servers_that_cannot_start_time_out_naming_their_worker(handle):
     gone = "tcp://127.0.0.1:9"
     started = time.monotonic()
     with pytest.raises(ClusterError, match=rf"servers \[0, 1\] of t-gone .* 1 s .*{gone}"):
-        start_servers(handle, "dist_sync", 2, 1, "t-gone", timeout=1.0, workers=[gone])
+        start_servers(handle, "dist_sync", 2, 1, timeout=1.0, workers=[gone], store_id="t-gone")
     assert time.monotonic() - started < 10
     assert wait_until(lambda: not _tasks_named(handle.client, "t-gone"), 10)
 

@@ -216,25 +216,21 @@ def run(
     futures_to_release = None
     if shared:
         kvstore._flush()
-        spec = dataclasses.replace(kvstore._spec, group=group)
-        servers = kvstore._servers
+        spec, servers = kvstore._spec, kvstore._servers
         kvstore._all_servers("configure", num_workers)
     else:
-        store_id = f"{kvstore}-{uuid.uuid4().hex[:8]}"
         num_servers = num_servers or num_workers
-        futures_to_release, servers, addresses, devices = start_servers(
-            handle, kvstore, num_servers, num_workers, store_id, timeout, workers, server_device
-        )
-        spec = StoreSpec(
+        futures_to_release, servers, spec = start_servers(
+            handle,
             kvstore,
-            store_id,
             num_servers,
-            addresses,
-            int(bigarray_bound),
-            float(timeout),
-            group,
-            devices,
+            num_workers,
+            timeout,
+            workers,
+            server_device,
+            bigarray_bound,
         )
+    spec = dataclasses.replace(spec, group=group)  # this run's own barrier
     rank_workers = workers[:num_workers]
     # The notebook watches the shared store: the ranks stream their own events too.
     watched = shared and kvstore.events.active

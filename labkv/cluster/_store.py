@@ -127,14 +127,16 @@ def start_servers(
     kind: str,
     num_servers: int,
     num_workers: int,
-    store_id: str,
     timeout: float,
     workers: list[str] | None = None,
     device: str = "auto",
-) -> tuple[list[Any], list[Any], list[str], list[str]]:
-    """Start ``num_servers`` server actors round-robin on ``workers`` (default:
-    all, sorted), keeping their values on ``device`` (see
-    :mod:`labkv.cluster._device`); ``(futures, actors, addresses, devices)``.
+    bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
+    store_id: str | None = None,
+) -> tuple[list[Any], list[Any], StoreSpec]:
+    """Start ``num_servers`` server actors of a new store (``store_id``, made
+    from ``kind`` by default) round-robin on ``workers`` (default: all, sorted),
+    keeping their values on ``device`` (see :mod:`labkv.cluster._device`);
+    ``(futures, actors, spec)``.
 
     Actors are pinned (``allow_other_workers=False``): a server's keys live in
     its worker's memory, so Dask must never move or re-run it elsewhere. A
@@ -143,6 +145,7 @@ def start_servers(
     already started are released.
     """
     client = handle.client
+    store_id = store_id or f"{kind}-{uuid.uuid4().hex[:8]}"
     workers = workers or handle.workers()
     if not workers:
         raise ClusterError("the Dask cluster has no workers to host servers")
@@ -183,7 +186,16 @@ def start_servers(
         except Exception as exc:
             client.cancel(futures)
             raise ClusterError(f"the servers of {store_id} could not start: {exc}") from exc
-    return futures, actors, addresses, devices
+    spec = StoreSpec(
+        kind,
+        store_id,
+        num_servers,
+        addresses,
+        int(bigarray_bound),
+        float(timeout),
+        server_devices=devices,
+    )
+    return futures, actors, spec
 
 
 def _host(array: Any) -> np.ndarray:
@@ -787,17 +799,7 @@ def create_store(
     handle = cluster if cluster is not None else default_handle()
     workers = server_workers or handle.workers()
     num_servers = num_servers or len(workers)
-    store_id = f"{kind}-{uuid.uuid4().hex[:8]}"
-    futures, actors, addresses, devices = start_servers(
-        handle, kind, num_servers, 1, store_id, timeout, workers, server_device
-    )
-    spec = StoreSpec(
-        kind,
-        store_id,
-        num_servers,
-        addresses,
-        int(bigarray_bound),
-        float(timeout),
-        server_devices=devices,
+    futures, actors, spec = start_servers(
+        handle, kind, num_servers, 1, timeout, workers, server_device, bigarray_bound
     )
     return DistStore(spec, actors, 0, 1, owner=True, handle=handle, futures=futures)
