@@ -14,7 +14,7 @@ import pytest
 import labkv
 from labkv.cluster import ClusterError, run
 from labkv.cluster._store import start_servers
-from tests._waiting import wait_until
+from tests._waiting import server_tasks, wait_until
 
 
 def _rank1_never_pushes(kv):
@@ -127,12 +127,6 @@ def test_a_killed_worker_gives_a_clear_error_not_a_hang(handle):
         run(_die_in_round, num_workers=2, cluster=handle, timeout=60)
 
 
-def _tasks_named(client, part: str) -> list[str]:
-    return client.run_on_scheduler(
-        lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks if part in str(k)]
-    )
-
-
 def test_servers_that_cannot_start_time_out_naming_their_worker(handle):
     # A server pinned to a worker that is gone waits for it forever in the scheduler:
     # the start must give up after its timeout, name the worker and leave nothing behind.
@@ -141,7 +135,7 @@ def test_servers_that_cannot_start_time_out_naming_their_worker(handle):
     with pytest.raises(ClusterError, match=rf"servers \[0, 1\] of t-gone .* 1 s .*{gone}"):
         start_servers(handle, "dist_sync", 2, 1, timeout=1.0, workers=[gone], store_id="t-gone")
     assert time.monotonic() - started < 10
-    assert wait_until(lambda: not _tasks_named(handle.client, "t-gone"), 10)
+    assert wait_until(lambda: not server_tasks(handle.client, "t-gone"), 10)
 
 
 def _kill_this_worker():

@@ -11,24 +11,17 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError, run
-from tests._waiting import wait_until
-
-
-def _server_tasks(client) -> list[str]:
-    def tasks(dask_scheduler):
-        return sorted(str(k) for k in dask_scheduler.tasks if str(k).startswith("labkv-server-"))
-
-    return client.run_on_scheduler(tasks)
+from tests._waiting import server_tasks, wait_until
 
 
 @pytest.mark.parametrize("option", ["bogus", "gpu(-1)", "GPU", 0])
 def test_a_bad_server_device_is_refused_before_anything_starts(handle, option):
-    before = _server_tasks(handle.client)
+    before = server_tasks(handle.client)
     with pytest.raises(ValueError, match="server_device"):
         labkv.create("dist_sync", cluster=handle, server_device=option)
     with pytest.raises(ValueError, match="server_device"):
         run(lambda kv: None, num_workers=1, cluster=handle, server_device=option)
-    assert set(_server_tasks(handle.client)) <= set(before)
+    assert set(server_tasks(handle.client)) <= set(before)
 
 
 @pytest.mark.parametrize("option", ["cpu", "auto"])
@@ -49,11 +42,11 @@ def test_host_servers_show_in_placement(handle, option):
 @pytest.mark.skipif(labkv.num_gpus() > 0, reason="this machine has a GPU")
 @pytest.mark.parametrize("option", ["gpu", "gpu(0)"])
 def test_asking_for_a_missing_gpu_names_the_worker_and_leaves_no_server(handle, option):
-    before = _server_tasks(handle.client)
+    before = server_tasks(handle.client)
     with pytest.raises(ClusterError, match=r"has no CUDA GPU.*|could not start") as info:
         labkv.create("dist_sync", cluster=handle, num_servers=2, server_device=option)
     assert "Dask worker tcp://127.0.0.1:" in str(info.value)
     assert "no CUDA GPU" in str(info.value)
     # the cancellation of the started servers reaches the scheduler asynchronously (and
     # earlier tests' servers may be released meanwhile: no new one may remain)
-    assert wait_until(lambda: set(_server_tasks(handle.client)) <= set(before), 10), before
+    assert wait_until(lambda: set(server_tasks(handle.client)) <= set(before), 10), before
