@@ -23,9 +23,9 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import statistics
 import sys
 import time
+from statistics import median
 
 import numpy as np
 
@@ -125,6 +125,11 @@ def _ranks(kv, case, iters):
 ECHOES = (("16MiB", 16 * MIB, 30), ("tiny", 4, 400))
 
 
+def _echo_of(case: str) -> tuple[str, int, int]:
+    """The echo a case is compared with: 16 MiB for the MiB models, else tiny."""
+    return ECHOES[0] if "MiB" in case else ECHOES[1]
+
+
 def _best_of_3(client, worker: str, echo, *args) -> float:
     """The fastest of three runs of an echo task on ``worker`` (seconds per call)."""
     return min(client.submit(echo, *args, workers=[worker], pure=False).result() for _ in range(3))
@@ -198,7 +203,7 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
             ratios: dict[int, list[float]] = {1: [], 2: []}
             faults: dict[int, list[float]] = {1: [], 2: []}
             loads = {}
-            nbytes, echo_iters = (16 * MIB, 30) if "MiB" in case else (4, 400)
+            _, nbytes, echo_iters = _echo_of(case)
             for _ in range(repeats):
                 # The echo right before S = 1 and S = 2: all three see the same load of
                 # this shared machine, and each ratio is taken within one such block.
@@ -219,9 +224,16 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
                     loads[servers] = per_rank[0][1]
                     if per_rank[0][2] is not None:
                         faults[servers].append(max(f for _, _, f in per_rank))
-            med = statistics.median
             rows.append(
-                (case, med(times[1]), med(times[2]), med(ratios[1]), med(ratios[2]), loads, faults)
+                (
+                    case,
+                    median(times[1]),
+                    median(times[2]),
+                    median(ratios[1]),
+                    median(ratios[2]),
+                    loads,
+                    faults,
+                )
             )
     echo16, echo_tiny = base[("actor", "16MiB")], base[("actor", "tiny")]
     print("raw Dask echo, task on worker A -> worker B -> back (ms per call, best of 3):")
@@ -247,7 +259,7 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
         f"{'S=1 x dflt':>12}{'S=2 x dflt':>12}"
     )
     for case, t1, t2, r1, r2, _, _ in rows:
-        dflt = dask_default["16MiB" if "MiB" in case else "tiny"]
+        dflt = dask_default[_echo_of(case)[0]]
         print(
             f"{case:<12}{t1 * 1e3:>10.2f}{t2 * 1e3:>10.2f}{r1:>12.2f}{r2:>12.2f}"
             f"{t1 / dflt:>12.2f}{t2 / dflt:>12.2f}"
@@ -270,8 +282,7 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
     print("page faults per iteration (the busier of the two worker processes, median):")
     for case, *_, faults in rows:
         if faults[1]:
-            med = statistics.median
-            print(f"  {case:<12} S=1: {med(faults[1]):8.0f}   S=2: {med(faults[2]):8.0f}")
+            print(f"  {case:<12} S=1: {median(faults[1]):8.0f}   S=2: {median(faults[2]):8.0f}")
 
 
 if __name__ == "__main__":
