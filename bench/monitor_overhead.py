@@ -9,6 +9,9 @@ the median of the per-round ratios is the steadiest reading here):
 - ``no subscriber``: the store builds no events (the baseline);
 - ``no-op subscriber``: the store builds every event, nobody does anything
   with it (what any watcher costs the store itself);
+- ``counts only``: a subscriber that wants no detail (``detail_interval``
+  of an hour): after a key's first call every call is only counted, inline by
+  the store (what the exact counts of a throttled watcher cost by themselves);
 - ``monitor (model)``: ``monitor(kv)`` with no front end;
 - ``monitor + dashboard``: the widgets built and refreshed by the ticker
   thread (at most 10 Hz, spaced out to its CPU share while the store is
@@ -38,11 +41,13 @@ import gc
 import random
 import statistics
 import time
+import timeit
 from collections.abc import Callable
 
 import numpy as np
 
 import labkv
+from labkv.events import summarize
 from labkv.widgets import monitor
 
 Setup = Callable[[object], Callable[[], None]]
@@ -54,6 +59,10 @@ def _none(kv) -> Callable[[], None]:
 
 def _noop(kv) -> Callable[[], None]:
     return kv.events.subscribe(lambda e: None).unsubscribe
+
+
+def _counts_only(kv) -> Callable[[], None]:
+    return kv.events.subscribe(lambda e: None, detail_interval=3600.0).unsubscribe
 
 
 def _model(kv) -> Callable[[], None]:
@@ -88,6 +97,7 @@ def _closed(kv) -> Callable[[], None]:
 CONDITIONS: dict[str, Setup] = {
     "no subscriber": _none,
     "no-op subscriber": _noop,
+    "counts only": _counts_only,
     "monitor (model)": _model,
     "monitor + dashboard": _dashboard,
     "after close": _closed,
@@ -160,6 +170,10 @@ def main() -> None:
         for name in ("monitor (model)", "monitor + dashboard"):
             own = max(rates[case, name]) / events
             print(f"  the monitor's own share, {name} vs no-op subscriber: ratio {own:5.3f}")
+    print("\nvalue summary (min/max/mean/norm, built for each detailed event), best of 5:")
+    for case, (_, value) in cases.items():
+        per_call = min(timeit.repeat(lambda v=value: summarize(v), number=200, repeat=5)) / 200
+        print(f"  {case:<20} {per_call * 1e6:8.1f} us")
     if REFRESH_CPU:
         ms = sorted(t * 1e3 for t in REFRESH_CPU)
         print(
