@@ -44,7 +44,11 @@ class ClusterHandle:
 
     def workers(self) -> list[str]:
         """The addresses of the live Dask workers, sorted (fresh from the scheduler)."""
-        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        # Asked of the scheduler itself: Client.scheduler_info() returns the client's
+        # cache, which its periodic refresh may overwrite, while the call waits, with
+        # a summary that lists no workers (live workers would then look dead).
+        identity = self.client.sync(self.client.scheduler.identity, n_workers=-1)
+        return sorted(identity["workers"])
 
     def close(self) -> None:
         """Close the client and, if this handle started it, the cluster (idempotent)."""
