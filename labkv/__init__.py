@@ -16,14 +16,12 @@ from typing import Any
 from . import lr_scheduler, optimizers
 from ._args import LengthMismatchError
 from ._arrays import array, full, ones, zeros
+from ._types import LOCAL_KINDS, store_kind
 from .devices import Device, cpu, device_of, devices, gpu, num_gpus, to_device
 from .events import Event, EventBus
 from .store import KVStore
 
 __version__ = "0.1.0"
-
-LOCAL_TYPES = ("local", "device")
-DIST_TYPES = ("dist_sync", "dist_async", "dist_device_sync", "dist_async_device")
 
 
 def create(name: str = "local", **kwargs: Any) -> KVStore:
@@ -32,29 +30,30 @@ def create(name: str = "local", **kwargs: Any) -> KVStore:
     Dask, ``'dist_sync'``, ``'dist_async'``, ``'dist_device_sync'`` or
     ``'dist_async_device'``, whose keyword arguments (``cluster``,
     ``num_servers``, ``bigarray_bound``, ``timeout``, ``server_workers``,
-    ``server_device``) are those of :func:`labkv.cluster.create_store`. Names
-    are case-insensitive.
+    ``server_device``) are those of :func:`labkv.cluster.create_store`.
+
+    Names are case-insensitive, and every name MXNet 1.9.1 gives a local or
+    dist store works too (``'local_allreduce_cpu'``, ``'local_update_cpu'``,
+    ``'local_allreduce_device'``, ``'nccl'``, ``'dist'``, ``'dist_sync_device'``);
+    ``kv.type`` is the name given, lower-cased, as in MXNet.
 
     >>> create("Local").type
     'local'
+    >>> create("local_allreduce_device").type
+    'local_allreduce_device'
     >>> create("dist_sync", num_servers=2, server_device="cpu")  # doctest: +SKIP
     <labkv.KVStore type='dist_sync' rank=0/1 servers=2 keys=0 id=dist_sync-...>
     """
-    if not isinstance(name, str):
-        raise TypeError(f"the store type must be a str, got {type(name).__name__}")
-    kind = name.lower()
-    if kind in LOCAL_TYPES:
+    kind = store_kind(name)
+    if kind in LOCAL_KINDS:
         if kwargs:
             raise TypeError(f"unexpected arguments for a {kind!r} store: {sorted(kwargs)}")
         from .local import LocalStore
 
-        return LocalStore(kind)
-    if kind in DIST_TYPES:
-        from .cluster import create_store
+        return LocalStore(kind, name=name.lower())
+    from .cluster import create_store
 
-        return create_store(kind, **kwargs)
-    valid = ", ".join(repr(t) for t in LOCAL_TYPES + DIST_TYPES)
-    raise ValueError(f"unknown KVStore type {name!r}; valid types: {valid}")
+    return create_store(name.lower(), **kwargs)
 
 
 __all__ = [

@@ -42,10 +42,10 @@ def normalize_key(key: Any) -> Key:
 
 
 def normalize_keys(key: Any) -> tuple[list[Key], bool]:
-    """``(keys, single)``: the list of keys of a call and whether one key was given."""
+    """``(keys, single)``: the list of keys of a call and whether one key was given.
+
+    An empty list is a call about no keys (as in MXNet, it does nothing)."""
     if isinstance(key, (list, tuple)):
-        if not key:
-            raise ValueError("the list of keys is empty")
         return [normalize_key(k) for k in key], False
     return [normalize_key(key)], True
 

@@ -31,8 +31,8 @@ from .store import Items, Key, KVStore
 class LocalStore(KVStore):
     """A store in this process (see module doc); make it with ``labkv.create``."""
 
-    def __init__(self, kvtype: str = "local"):
-        super().__init__(kvtype)
+    def __init__(self, kvtype: str = "local", name: str | None = None):
+        super().__init__(kvtype, name)
         self._shard = Shard(self.events, defer_events=True)
         self._homes = HomeDevices()
         self.events.peek = self._shard.read
@@ -42,7 +42,7 @@ class LocalStore(KVStore):
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
         placed = []
         for key, value in items:
-            keep_on_gpu = self._type == "device" and is_cupy(value)
+            keep_on_gpu = self._kind == "device" and is_cupy(value)
             placed.append((key, to_device(value, device_of(value) if keep_on_gpu else cpu(0))))
         for key, value in placed:
             self._shard.init(key, value)
@@ -59,7 +59,7 @@ class LocalStore(KVStore):
                 self._shard.relocate(key, to_device(stored, home))
 
     def _push_impl(self, items: Items) -> None:
-        if self._type == "device":
+        if self._kind == "device":
             self._home_gpus(items)
         self._shard.apply(items)
 
@@ -79,15 +79,13 @@ class LocalStore(KVStore):
     def _set_optimizer_impl(self, optimizer: Optimizer) -> None:
         self._shard.set_optimizer(optimizer)
 
-    def _optimizer_states(self) -> tuple[dict, dict]:
+    def _optimizer_states(self) -> tuple[int, dict, dict]:
         optimizer = self._shard.optimizer
-        counts = dict(optimizer.index_update_count)
-        counts["__num_update__"] = optimizer.num_update
-        return counts, dict(self._shard.states)
+        return optimizer.num_update, dict(optimizer.index_update_count), dict(self._shard.states)
 
-    def _load_optimizer_states(self, counts: dict, states: dict) -> None:
+    def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
         optimizer = self._shard.optimizer
-        optimizer.num_update = counts.pop("__num_update__")
+        optimizer.num_update = num_update
         optimizer.index_update_count = dict(counts)
         placed = {}
         for key, state in states.items():

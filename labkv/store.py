@@ -45,6 +45,24 @@ def _kind_name(kind: type) -> str:
     return kind.__name__
 
 
+def _row_indices(key: Key, row_ids: Any, num_rows: int) -> np.ndarray:
+    """``row_ids`` as a flat int64 array of rows of ``key``. Floats holding whole
+    numbers are accepted (MXNet's ``nd.array`` makes float32 ids by default)."""
+    rows = np.asarray(row_ids.get() if is_cupy(row_ids) else row_ids).reshape(-1)
+    if rows.dtype.kind not in "iuf":
+        raise TypeError(f"row_ids for key {key!r} must be real numbers, got {rows.dtype}")
+    if rows.dtype.kind == "f":
+        whole = np.isfinite(rows) & (rows == np.round(rows))
+        if not whole.all():
+            bad = rows[~whole][0].item()
+            raise ValueError(f"row_ids for key {key!r} must be whole numbers; got {bad!r}")
+    outside = (rows < 0) | (rows >= num_rows)
+    if outside.any():
+        bad = rows[outside][0].item()
+        raise IndexError(f"row_ids for key {key!r} out of range [0, {num_rows}): got {bad!r}")
+    return rows.astype(np.int64, copy=False)
+
+
 class KVStore:
     """A key-value store for parameters and gradients, with MXNet's API.
 
@@ -53,8 +71,9 @@ class KVStore:
     on push. Every failing call raises before it changes anything.
     """
 
-    def __init__(self, kvtype: str):
-        self._type = kvtype
+    def __init__(self, kvtype: str, name: str | None = None):
+        self._kind = kvtype  # the labkv store type: what the backend does
+        self._type = name or kvtype  # the name the user gave (MXNet's kv.type)
         self._id = f"{kvtype}-{uuid.uuid4().hex[:8]}"
         self.events = EventBus(self._id)
         self._meta: dict[Key, tuple[tuple[int, ...], np.dtype]] = {}
@@ -67,7 +86,7 @@ class KVStore:
     # -- identity --------------------------------------------------------
     @property
     def type(self) -> str:
-        """The store's type, e.g. ``'local'``."""
+        """The store's type as given to ``create`` (lower-cased), e.g. ``'local'``."""
         return self._type
 
     @property
@@ -171,6 +190,8 @@ class KVStore:
             seen.add(k)
             if any(a.shape != arrs[0].shape for a in arrs):
                 raise ValueError(f"the values given to init key {k!r} differ in shape")
+        if not keys:
+            return  # an empty list: nothing to do, as in MXNet
         items = [(k, arrs[0]) for k, arrs in zip(keys, arrays, strict=True)]
         self._init_impl(items)
         for k, array in items:
@@ -196,8 +217,8 @@ class KVStore:
         array([3., 3.])
         """
         keys, _, arrays = self._prepare(key, value, "value")
-        items = merge_repeated(keys, arrays)
-        self._push_items(items)
+        if keys:  # an empty list of keys does nothing, as in MXNet
+            self._push_items(merge_repeated(keys, arrays))
 
     def _push_items(self, items: Items) -> None:
         commit = None
@@ -279,12 +300,14 @@ class KVStore:
         if out is None:
             self._check_known(keys)
             fresh = [self._new_out(k) for k in keys]
-            self._pull_items(list(zip(keys, [[a] for a in fresh], strict=True)))
+            if keys:
+                self._pull_items(list(zip(keys, [[a] for a in fresh], strict=True)))
             return fresh[0] if single else fresh
         keys, _, outs = self._prepare(key, out, "out")
         for k, arrs in zip(keys, outs, strict=True):
             self._check_writable(k, arrs)
-        self._pull_items(list(zip(keys, outs, strict=True)))
+        if keys:
+            self._pull_items(list(zip(keys, outs, strict=True)))
         return None
 
     def _pull_items(self, items: Items) -> None:
@@ -330,8 +353,9 @@ class KVStore:
         _, _, outs = self._prepare(key, target, "out")
         for k, arrs in zip(keys, outs, strict=True):
             self._check_writable(k, arrs)
-        self._push_items(merge_repeated(keys, arrays))
-        self._pull_items(list(zip(keys, outs, strict=True)))
+        if keys:
+            self._push_items(merge_repeated(keys, arrays))
+            self._pull_items(list(zip(keys, outs, strict=True)))
 
     def broadcast(self, key: Key | Sequence[Key], value: Any, out: Any, priority: int = 0) -> None:
         """Initialise ``key`` with ``value`` and pull it into ``out`` (MXNet's broadcast).
@@ -355,7 +379,8 @@ class KVStore:
                     )
             self._check_writable(k, o_arrs)
         self.init(key, value)
-        self._pull_items(list(zip(keys, outs, strict=True)))
+        if keys:
+            self._pull_items(list(zip(keys, outs, strict=True)))
 
     def row_sparse_pull(
         self, key: Key | Sequence[Key], out: Any = None, row_ids: Any = None, priority: int = 0
@@ -363,8 +388,9 @@ class KVStore:
         """Pull only the rows ``row_ids`` of each value; the other rows of
         ``out`` are set to zero (a dense picture of MXNet's row-sparse result).
 
-        ``row_ids`` is an int array (one for all outs of a key, or one per out;
-        for a list of keys, a list of those).
+        ``row_ids`` is an array of row numbers (one for all outs of a key, or
+        one per out; for a list of keys, a list of those): ints, or floats
+        holding whole numbers, as MXNet's default float32 ``nd.array`` makes.
 
         >>> import labkv, numpy as np
         >>> kv = labkv.create()
@@ -388,7 +414,8 @@ class KVStore:
         for k, outs in zip(keys, out_lists, strict=True):
             self._check_writable(k, outs)
         full = [self._new_out(k) for k in keys]
-        self._pull_items([(k, [f]) for k, f in zip(keys, full, strict=True)])
+        if keys:
+            self._pull_items([(k, [f]) for k, f in zip(keys, full, strict=True)])
         for f, outs, ids in zip(full, out_lists, id_lists, strict=True):
             for o, rows in zip(outs, ids, strict=True):
                 copy_into(o, f)
@@ -416,16 +443,7 @@ class KVStore:
                 raise LengthMismatchError(
                     f"key {k!r}: {len(outs)} outs but {len(id_arrays)} row_ids"
                 )
-            checked = []
-            for rows in id_arrays:
-                rows = rows.get() if is_cupy(rows) else np.asarray(rows)
-                if rows.dtype.kind not in "iu":
-                    raise TypeError(f"row_ids for key {k!r} must be integers, got {rows.dtype}")
-                rows = rows.reshape(-1)
-                if rows.size and (rows.min() < 0 or rows.max() >= shape[0]):
-                    raise IndexError(f"row_ids for key {k!r} out of range [0, {shape[0]})")
-                checked.append(rows)
-            result.append(checked)
+            result.append([_row_indices(k, rows, shape[0]) for rows in id_arrays])
         return result
 
     # -- updaters and optimizers -------------------------------------------
@@ -489,11 +507,11 @@ class KVStore:
         """
         if self._optimizer is None:
             raise RuntimeError("no optimizer is set: call set_optimizer first")
-        counts, states = self._optimizer_states()
+        num_update, counts, states = self._optimizer_states()
         meta: dict[str, Any] = {
             "keys": [],
             "optimizer": self._optimizer.to_config() if dump_optimizer else None,
-            "num_update": counts.pop("__num_update__"),
+            "num_update": num_update,
         }
         arrays = {}
         for i, (k, state) in enumerate(states.items()):
@@ -537,10 +555,9 @@ class KVStore:
                             f"state for key {k!r} has shape {array.shape}, the value has {shape}"
                         )
                 states[k] = state
-        counts["__num_update__"] = int(meta["num_update"])
         if optimizer is not self._optimizer:
             self.set_optimizer(optimizer)
-        self._load_optimizer_states(counts, states)
+        self._load_optimizer_states(int(meta["num_update"]), counts, states)
 
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
         """Compress pushed gradients: ``{'type': '2bit', 'threshold': 0.5}``
@@ -577,10 +594,12 @@ class KVStore:
     def _set_optimizer_impl(self, optimizer: Optimizer) -> None:
         raise NotImplementedError
 
-    def _optimizer_states(self) -> tuple[dict, dict]:
+    def _optimizer_states(self) -> tuple[int, dict, dict]:
+        """``(num_update, per-key update counts, per-key states)``: the global
+        count stays apart, so any key name (even ``'__num_update__'``) is safe."""
         raise NotImplementedError
 
-    def _load_optimizer_states(self, counts: dict, states: dict) -> None:
+    def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
         raise NotImplementedError
 
     def _barrier_impl(self) -> None:

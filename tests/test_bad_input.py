@@ -98,7 +98,25 @@ BAD_CALLS = [
         "non-numeric dtype",
     ),
     ("not an array", lambda kv: kv.push(0, [1.0, 2.0]), TypeError, "must be an array"),
-    ("empty key list", lambda kv: kv.push([], []), ValueError, "empty"),
+    ("no keys but a value", lambda kv: kv.push([], [ones()]), ValueError, "0 keys but 1 values"),
+    (
+        "row ids that are not whole numbers",
+        lambda kv: kv.row_sparse_pull(0, row_ids=np.array([1.0, 0.5], np.float32)),
+        ValueError,
+        "row_ids for key 0 must be whole numbers; got 0.5",
+    ),
+    (
+        "row ids past the last row",
+        lambda kv: kv.row_sparse_pull(0, row_ids=np.array([0.0, 2.0, 7.0], np.float32)),
+        IndexError,
+        r"row_ids for key 0 out of range \[0, 2\): got 2.0",
+    ),
+    (
+        "complex row ids",
+        lambda kv: kv.row_sparse_pull(0, row_ids=np.array([1j])),
+        TypeError,
+        "must be real numbers, got complex128",
+    ),
     ("empty device list", lambda kv: kv.push(0, []), ValueError, "empty list"),
     (
         "complex into real",

@@ -27,13 +27,14 @@ from typing import Any
 
 import distributed
 
+from .._types import dist_kind
 from ._barrier import abort_name, clear_barrier
 from ._connect import ClusterHandle, default_handle
 from ._device import parse_server_device
 from ._events import EventStream, topic_of
 from ._placement import DEFAULT_BIGARRAY_BOUND
 from ._server import TIMEOUTS, ClusterError
-from ._store import ASYNC_KINDS, DEFAULT_TIMEOUT_S, SYNC_KINDS, DistStore, StoreSpec, start_servers
+from ._store import DEFAULT_TIMEOUT_S, DistStore, StoreSpec, start_servers
 
 _POLL_S = 0.25
 # A call onto the rank's own worker loop (never waits on another process).
@@ -198,8 +199,7 @@ def run(
             raise ValueError("only a store made in this process (labkv.create) can be shared")
         handle = kvstore._handle
     else:
-        if kvstore not in SYNC_KINDS + ASYNC_KINDS:
-            raise ValueError(f"not a cluster store type: {kvstore!r}")
+        kind = dist_kind(kvstore)
         parse_server_device(server_device)
         handle = cluster if cluster is not None else default_handle()
     workers = handle.workers()
@@ -222,13 +222,14 @@ def run(
         num_servers = num_servers or num_workers
         futures_to_release, servers, spec = start_servers(
             handle,
-            kvstore,
+            kind,
             num_servers,
             num_workers,
             timeout,
             workers,
             server_device,
             bigarray_bound,
+            name=kvstore.lower(),
         )
     spec = dataclasses.replace(spec, group=group)  # this run's own barrier
     rank_workers = workers[:num_workers]

@@ -43,6 +43,7 @@ from typing import Any
 import distributed
 import numpy as np
 
+from .._types import SYNC_KINDS, dist_kind
 from ..devices import copy_into, device_of, empty
 from ..events import EventBus
 from ..optimizers import Optimizer
@@ -56,8 +57,6 @@ from ._pack import PACK_BELOW, pack, seal, sealable, unpack_values, unseal
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
 from ._server import TIMEOUTS, ClusterError, Server
 
-SYNC_KINDS = ("dist_sync", "dist_device_sync")
-ASYNC_KINDS = ("dist_async", "dist_async_device")
 DEFAULT_TIMEOUT_S = 120.0
 _ACK_ABOVE = 1 << 20
 # Client-side waits get this much longer than the servers' own, so that the
@@ -116,6 +115,8 @@ class StoreSpec:
     group: str = field(default_factory=lambda: f"labkv-barrier-{uuid.uuid4().hex[:8]}")
     #: each server's device, as its placement shows it (``'cpu(0)'``, ``'gpu(0)'``)
     server_devices: list[str] = field(default_factory=list)
+    #: the type name the store was made with (``kv.type``; e.g. MXNet's ``'dist'``)
+    name: str = ""
 
     @property
     def sync(self) -> bool:
@@ -132,11 +133,12 @@ def start_servers(
     device: str = "auto",
     bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
     store_id: str | None = None,
+    name: str | None = None,
 ) -> tuple[list[Any], list[Any], StoreSpec]:
     """Start ``num_servers`` server actors of a new store (``store_id``, made
     from ``kind`` by default) round-robin on ``workers`` (default: all, sorted),
     keeping their values on ``device`` (see :mod:`labkv.cluster._device`);
-    ``(futures, actors, spec)``.
+    ``(futures, actors, spec)``; ``name`` is the type name the user gave.
 
     Actors are pinned (``allow_other_workers=False``): a server's keys live in
     its worker's memory, so Dask must never move or re-run it elsewhere. A
@@ -194,6 +196,7 @@ def start_servers(
         int(bigarray_bound),
         float(timeout),
         server_devices=devices,
+        name=name or kind,
     )
     return futures, actors, spec
 
@@ -239,7 +242,7 @@ class DistStore(KVStore):
         handle: ClusterHandle | None = None,
         futures: list[Any] | None = None,
     ):
-        super().__init__(spec.kind)
+        super().__init__(spec.kind, spec.name or spec.kind)
         self._id = spec.store_id
         self._spec, self._servers = spec, list(servers)
         self._rank, self._num_workers, self._owner = rank, num_workers, owner
@@ -663,7 +666,7 @@ class DistStore(KVStore):
         if self._owner:  # an optimizer travels as its config: data, not code
             self._all_servers("set_optimizer", optimizer.to_config())
 
-    def _optimizer_states(self) -> tuple[dict, dict]:
+    def _optimizer_states(self) -> tuple[int, dict, dict]:
         self._flush()
         gathered = self._all_servers("get_states")
         counts: dict[Any, int] = {}
@@ -679,12 +682,9 @@ class DistStore(KVStore):
             states[key] = tuple(
                 _join([part[j] for part in parts], shape) for j in range(len(parts[0]))
             )
-        counts["__num_update__"] = max(g[0] for g in gathered)
-        return counts, states
+        return max(g[0] for g in gathered), counts, states
 
-    def _load_optimizer_states(self, counts: dict, states: dict) -> None:
-        counts = dict(counts)
-        num_update = counts.pop("__num_update__")
+    def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
         server_counts: list[dict] = [{} for _ in range(self.num_servers)]
         server_states: list[dict] = [{} for _ in range(self.num_servers)]
         for key, count in counts.items():
@@ -775,6 +775,8 @@ def create_store(
 ) -> DistStore:
     """A ``dist_*`` store for this process (rank 0 of 1): what
     ``labkv.create('dist_sync', cluster=handle, num_servers=S)`` calls.
+    ``kind`` is any distributed type name ``labkv.create`` takes (MXNet's
+    ``'dist'`` and ``'dist_sync_device'`` too).
 
     ``cluster``: a handle from :func:`labkv.cluster.connect` (default: the
     embedded cluster, started on first use). ``num_servers`` defaults to the
@@ -789,8 +791,7 @@ def create_store(
     >>> kv.rank, kv.num_workers  # doctest: +SKIP
     (0, 1)
     """
-    if kind not in SYNC_KINDS + ASYNC_KINDS:
-        raise ValueError(f"not a cluster store type: {kind!r}")
+    kind, name = dist_kind(kind), kind.lower()
     if num_servers is not None and (not isinstance(num_servers, int) or num_servers < 1):
         raise ValueError(f"num_servers must be a positive int, got {num_servers!r}")
     if int(bigarray_bound) < 1:
@@ -800,6 +801,6 @@ def create_store(
     workers = server_workers or handle.workers()
     num_servers = num_servers or len(workers)
     futures, actors, spec = start_servers(
-        handle, kind, num_servers, 1, timeout, workers, server_device, bigarray_bound
+        handle, kind, num_servers, 1, timeout, workers, server_device, bigarray_bound, name=name
     )
     return DistStore(spec, actors, 0, 1, owner=True, handle=handle, futures=futures)

@@ -903,6 +903,47 @@ def _p_create_types(mx):
     return "; ".join(res)
 
 
+def _p_updater_after_multi_device_push(mx):
+    kv = mx.kv.create("local")
+    kv.init(3, mx.nd.zeros((2, 3)))
+    kv.push(3, [mx.nd.ones((2, 3), ctx=mx.cpu(i)) for i in range(3)])
+
+    def update(key, merged, stored):
+        stored += 2 * merged
+
+    kv._set_updater(update)
+    kv.push(3, [mx.nd.ones((2, 3), ctx=mx.cpu(i)) * 10 for i in range(3)])
+    o = mx.nd.zeros((2, 3))
+    kv.pull(3, out=o)
+    return (
+        "init 0, push ones from 3 devices (no updater), set stored += 2 * merged, push 10s "
+        f"from 3 devices -> {float(o.asnumpy()[0, 0])}"
+    )
+
+
+def _p_empty_calls(mx):
+    kv = mx.kv.create("local")
+    done = []
+    for name, call in (
+        ("init", lambda: kv.init([], [])),
+        ("push", lambda: kv.push([], [])),
+        ("pull", lambda: kv.pull([], out=[])),
+        ("pushpull", lambda: kv.pushpull([], [], out=[])),
+    ):
+        call()
+        done.append(name)
+    return f"empty lists of keys accepted, nothing happens: {', '.join(done)}"
+
+
+def _p_float_row_ids(mx):
+    kv = mx.kv.create("local")
+    kv.init(0, mx.nd.array(np.arange(8.0).reshape(4, 2)).tostype("row_sparse"))
+    out = mx.nd.sparse.zeros("row_sparse", (4, 2))
+    ids = mx.nd.array([1, 3])
+    kv.row_sparse_pull(0, out=out, row_ids=ids)
+    return f"row_ids of dtype {np.dtype(ids.dtype).name} -> {out.asnumpy().tolist()}"
+
+
 def _p_updater_no_optimizer_push_assign(mx):
     kv = mx.kv.create("local")
     kv.init(0, mx.nd.ones((2,)))
@@ -958,6 +999,9 @@ PROBES = {
     "push_unknown_key": _p_push_unknown_key,
     "push_no_updater_assigns_sum": _p_updater_no_optimizer_push_assign,
     "set_optimizer_after_init_and_twice": _p_set_optimizer_after_init_and_twice,
+    "updater_after_multi_device_push": _p_updater_after_multi_device_push,
+    "empty_calls": _p_empty_calls,
+    "float_row_ids": _p_float_row_ids,
 }
 
 
