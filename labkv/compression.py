@@ -86,10 +86,11 @@ class GradientCompression:
         sent = sent.astype(f32, copy=False)
         return sent, r - sent
 
-    def compress(self, items: list[tuple[Any, list[Any]]]) -> tuple[list, Callable[[], None]]:
+    def compress(self, items: list[tuple[Any, list[Any]]]) -> tuple[list, Callable[[], dict]]:
         """Quantise every device's value of a push. Returns the values to
         send and a ``commit`` that stores the new residuals, to be called only
-        once the push has succeeded (a failed push leaves residuals as they were)."""
+        once the push has succeeded (a failed push leaves residuals as they were);
+        ``commit()`` returns the residuals it replaced, for :meth:`restore`."""
         sent_items, pending = [], {}
         for key, values in items:
             sent_values = []
@@ -104,7 +105,21 @@ class GradientCompression:
                     sent, pending[slot] = self.quantize(value, residual)
                 sent_values.append(sent)
             sent_items.append((key, sent_values))
-        return sent_items, lambda: self.residuals.update(pending)
+
+        def commit() -> dict:
+            replaced = {slot: self.residuals.get(slot) for slot in pending}
+            self.residuals.update(pending)
+            return replaced
+
+        return sent_items, commit
+
+    def restore(self, replaced: dict) -> None:
+        """Put back residuals that a ``commit`` replaced (a push that failed later)."""
+        for slot, residual in replaced.items():
+            if residual is None:
+                self.residuals.pop(slot, None)
+            else:
+                self.residuals[slot] = residual
 
 
 def pack_2bit(sent: np.ndarray, threshold: float) -> np.ndarray:

@@ -127,7 +127,12 @@ class Shard:
                 )
 
     def _apply_updater(self, batch: Sequence[tuple[Key, Sequence[Any]]]) -> None:
-        watch = self.events is not None and self.events.active
+        self.commit(self.prepare(batch))
+
+    def prepare(self, batch: Sequence[tuple[Key, Sequence[Any]]]) -> dict[Key, Any]:
+        """Run the custom updater of every ``(key, values)`` on a copy of the
+        stored value: ``{key: new value}``, to :meth:`commit`. If an updater
+        raises, nothing is kept (the stored values never change)."""
         updated = {}
         for key, values in batch:
             merged = self._merged(key, values)
@@ -136,18 +141,20 @@ class Shard:
                 candidate = stored.copy()
                 self.updater(key, merged, candidate)
             updated[key] = candidate
-        # Only now, with every updater of the call done, do the new values replace the old.
+        return updated
+
+    def commit(self, updated: dict[Key, Any]) -> None:
+        """Store values made by :meth:`prepare` (every key at once) and report them."""
         previous = {key: self.values[key] for key in updated}
         self.values.update(updated)
-        if watch:
-            for key, candidate in updated.items():
-                merged = self._merge_buffers[key]
-                admitted = self.events.admit(
-                    "update", key, int(merged.nbytes), self.rank, self.server
-                )
-                if admitted:
-                    before = summarize(previous[key])
-                    self._emit("update", key, merged, before, candidate, admitted)
+        if self.events is None or not self.events.active:
+            return
+        for key, candidate in updated.items():
+            merged = self._merge_buffers[key]
+            admitted = self.events.admit("update", key, int(merged.nbytes), self.rank, self.server)
+            if admitted:
+                before = summarize(previous[key])
+                self._emit("update", key, merged, before, candidate, admitted)
 
     def _emit(
         self,

@@ -229,7 +229,7 @@ class KVStore:
             sent, commit = self._compression.compress(items)
         self._push_impl(sent)
         if commit is not None:
-            commit()
+            self._residuals_committed(commit())
         events = self.events
         if events.active:
             quick = events.quick_push
@@ -604,6 +604,11 @@ class KVStore:
 
     def _barrier_impl(self) -> None:
         raise NotImplementedError
+
+    def _residuals_committed(self, replaced: dict) -> None:
+        """A push's compression residuals were committed, replacing ``replaced``
+        (a backend whose push can still fail later keeps them to restore)."""
+        return None
 
     #: events a backend held back during a push (a list it fills; never filled here)
     _deferred_events: Sequence[Any] = ()

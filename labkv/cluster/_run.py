@@ -34,7 +34,13 @@ from ._device import parse_server_device
 from ._events import EventStream, topic_of
 from ._placement import DEFAULT_BIGARRAY_BOUND
 from ._server import TIMEOUTS, ClusterError
-from ._store import DEFAULT_TIMEOUT_S, DistStore, StoreSpec, start_servers
+from ._store import (
+    DEFAULT_TIMEOUT_S,
+    DistStore,
+    StoreSpec,
+    check_cluster_args,
+    start_servers,
+)
 
 _POLL_S = 0.25
 # A call onto the rank's own worker loop (never waits on another process).
@@ -200,6 +206,7 @@ def run(
         handle = kvstore._handle
     else:
         kind = dist_kind(kvstore)
+        check_cluster_args(cluster, timeout)
         parse_server_device(server_device)
         handle = cluster if cluster is not None else default_handle()
     workers = handle.workers()

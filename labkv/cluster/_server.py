@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import pickle
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +40,15 @@ from ..shard import Shard
 from ._device import host_copy, host_view, pick_server_device
 from ._events import EventStream
 from ._pack import PACK_BELOW, pack, seal, unpack_values, unseal
+from ._rounds import (
+    Failure,
+    Round,
+    UpdateQueue,
+    add_note,
+    failure_note,
+    portable,
+    pushed_by,
+)
 
 Key = int | str
 
@@ -62,16 +73,20 @@ class ClusterError(RuntimeError):
 TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)
 
 
-class _Round:
-    """dist_sync bookkeeping of one key on one server."""
+def _answered(method: Callable) -> Callable:
+    """Mark every exception a server method raises as the server's answer (an
+    updater's error, a timeout it names), so that a rank never takes it for a
+    lost connection (see ``DistStore._wait_one``)."""
 
-    __slots__ = ("done", "pending", "first_push", "errors")
+    @functools.wraps(method)
+    async def answer(self: Server, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except Exception as exc:
+            exc._labkv_server = self.sid
+            raise
 
-    def __init__(self) -> None:
-        self.done = 0  # completed rounds
-        self.pending: dict[int, Any] = {}  # rank -> value pushed in round `done`
-        self.first_push: float | None = None
-        self.errors: dict[int, str] = {}  # round -> why its update failed
+    return answer
 
 
 class Server:
@@ -101,7 +116,16 @@ class Server:
         self.shard = Shard(self.bus, server=sid)
         self.meta: dict[Key, tuple[tuple[int, ...], str]] = {}
         self.first_piece: dict[Key, bool] = {}
-        self.rounds: dict[Key, _Round] = {}
+        self.rounds: dict[Key, Round] = {}
+        # Keys cut into slices (one per server) and the servers of this store
+        # ``(worker address, actor key)``: a sliced key's update commits on every
+        # server or none, so the servers vote on each one (see _vote).
+        self.sliced: set[Key] = set()
+        self.peers: list[tuple[str, str]] = []
+        self._votes: dict[tuple[Key, int], dict[int, BaseException | None]] = {}
+        self._prepared: dict[tuple[Key, int], tuple[Any, Failure | None, dict]] = {}
+        self.queues: dict[Key, UpdateQueue] = {}  # dist_async: sliced keys' updates in order
+        self._tasks: set[asyncio.Future] = set()
         self.next_seq: dict[str, int] = {}
         self._stage: dict[tuple[Key, int], Any] = {}
         self.joined: dict[tuple[str, Key], int] = {}
@@ -110,6 +134,7 @@ class Server:
         self._aborted: str | None = None
         self._waiters: dict[asyncio.Future, Callable[[], bool]] = {}
         self.address = worker.address
+        self._worker = worker
         self.stream = EventStream(
             self.bus,
             lambda batch: worker.log_event(self.topic, batch),
@@ -167,10 +192,21 @@ class Server:
 
     def _missing_ranks(self, key: Key) -> str:
         r = self.rounds[key]
-        missing = sorted(set(range(self.num_workers)) - set(r.pending))
+        missing = r.missing(self.num_workers)
+        if not missing and (key, r.done) in self._prepared:
+            return self._missing_votes(key)
         return f"ranks {missing} have not pushed key {key!r} in round {r.done}"
 
+    def _missing_votes(self, key: Key) -> str:
+        number = self.rounds[key].done
+        voted = self._votes.get((key, number), {})
+        if (key, number) in self._prepared:
+            voted = {**voted, self.sid: None}
+        late = [p for p in range(len(self.peers)) if p not in voted]
+        return f"servers {late} have not reported their slice of update {number} of key {key!r}"
+
     # -- keys -------------------------------------------------------------------
+    @_answered
     async def init(self, items: list[tuple[Key, Any, tuple, str]]) -> None:
         """Store new keys: ``(key, piece, full_shape, dtype)`` each."""
         for key, *_ in items:
@@ -181,17 +217,22 @@ class Server:
             self.meta[key] = (tuple(shape), dtype)
             # A whole value, or slice 0 of a sliced one (slice s lives on server s): the
             # piece whose receipt stands for the push, so views count each push once.
-            self.first_piece[key] = self.sid == 0 or piece.size == int(np.prod(shape))
-            self.rounds[key] = _Round()
+            whole = piece.size == int(np.prod(shape))
+            self.first_piece[key] = self.sid == 0 or whole
+            if not whole:
+                self.sliced.add(key)
+            self.rounds[key] = Round()
             self.bytes_in += piece.nbytes
         self._wake()
 
+    @_answered
     async def keys(self, wanted: list[Key] | None = None) -> dict[Key, tuple[tuple, str]]:
         """``{key: (shape, dtype)}`` of the wanted keys that exist (all with None)."""
         if wanted is None:
             return dict(self.meta)
         return {k: self.meta[k] for k in wanted if k in self.meta}
 
+    @_answered
     async def wait_keys(self, wanted: list[Key]) -> dict[Key, tuple[tuple, str]]:
         """Wait until every wanted key is initialised (by rank 0); their metadata."""
         await self._wait(
@@ -204,6 +245,7 @@ class Server:
         return {k: self.meta[k] for k in wanted}
 
     # -- push and pull ----------------------------------------------------------
+    @_answered
     async def push(self, msg: tuple) -> None:
         """One push message (see :func:`labkv.cluster._store.DistStore._push_impl`):
         ``((sender, rank, seq, keys, dtypes, big, borrowed), packed, bigs)``,
@@ -223,12 +265,25 @@ class Server:
             items = self._items(keys, dtypes, big, packed, bigs)
             self.bytes_in += sum(v.nbytes for _, v in items)
             if self.sync:
-                await self._push_sync(sender, rank, items, borrowed and bool(big))
+                await self._push_sync(sender, rank, seq, items, borrowed and bool(big))
             else:
                 if self.bus.active:
                     for key, value in items:
                         self._emit_receipt(key, value, rank)
-                self.shard.apply([(k, [v]) for k, v in items])
+                queued = []
+                if self.shard.updater is not None:  # sliced keys: see _queue_update
+                    queued = [(k, v) for k, v in items if k in self.sliced]
+                    items = [(k, v) for k, v in items if k not in self.sliced]
+                    for key, value in queued:
+                        self._queue_update(sender, seq, key, value)
+                try:
+                    self.shard.apply([(k, [v]) for k, v in items])
+                except Exception as exc:
+                    keys = [k for k, _ in items]
+                    failure = self._failure(exc, keys, {sender: dict.fromkeys(keys, seq)})
+                    raise failure.report_to(sender) from None
+                finally:
+                    await self._updates_decided(sender, [k for k, _ in queued])
         finally:
             self.next_seq[sender] = seq + 1
             self._wake()
@@ -247,7 +302,7 @@ class Server:
         return unpack_values(keys, big, packed, bigs, specs)
 
     async def _push_sync(
-        self, sender: str, rank: int, items: list[tuple[Key, Any]], borrowed: bool
+        self, sender: str, rank: int, seq: int, items: list[tuple[Key, Any]], borrowed: bool
     ) -> None:
         complete = []
         for key, value in items:
@@ -263,7 +318,7 @@ class Server:
                 value = self._staged(key, rank, value)
             if not r.pending:
                 r.first_push = time.monotonic()
-            r.pending[rank] = value
+            r.join(rank, sender, seq, value)
             self.joined[(sender, key)] = r.done
             if self.bus.active:
                 self._emit_receipt(key, value, rank)
@@ -271,7 +326,7 @@ class Server:
             if len(r.pending) >= self.num_workers:
                 complete.append(key)
         if complete:
-            self._complete(complete)
+            self._complete(complete, sender)
 
     def _staged(self, key: Key, rank: int, value: Any) -> Any:
         """A copy of a borrowed value, in this rank's staging buffer for ``key``:
@@ -283,31 +338,161 @@ class Server:
         copy_into(stage, value)
         return stage
 
-    def _complete(self, keys: list[Key]) -> None:
-        """Apply the rounds of ``keys`` (all ranks pushed) in one ``Shard.apply``."""
-        batch = [
-            (k, [self.rounds[k].pending[q] for q in sorted(self.rounds[k].pending)]) for k in keys
-        ]
-        error = None
-        try:
-            self.shard.apply(batch)
-        except Exception as exc:  # the round still ends, so no rank waits forever
-            error = f"the update of round {{}} failed: {type(exc).__name__}: {exc}"
-        for key in keys:
-            r = self.rounds[key]
-            if error is not None:
-                r.errors[r.done] = error.format(r.done)
-                for old in [g for g in r.errors if g < r.done - 100]:
-                    del r.errors[old]
-            done_round = r.done
-            r.done += 1
-            if self.bus.active:
-                self._emit_round(key, r, completed=done_round)
-            r.pending = {}
-            r.first_push = None
-        if error is not None:
-            raise ClusterError(f"server {self.sid}, keys {keys}: {error.format('(this)')}")
+    def _failure(
+        self, exc: BaseException, keys: list[Key], senders: dict, rounds: dict | None = None
+    ) -> Failure:
+        """The failure of an update of ``keys``: the updater's own exception,
+        noted with where it was raised, owed to ``senders``."""
+        add_note(exc, failure_note(self.sid, keys, rounds))
+        return Failure(portable(exc), self.sid, keys, senders)
 
+    def _complete(self, keys: list[Key], sender: str) -> None:
+        """Apply the rounds of ``keys`` (all ranks pushed) in one ``Shard.apply``.
+
+        The update of a sliced key with a custom updater is only prepared here:
+        it commits when every server of the key has prepared its slice (see
+        :meth:`_vote`). If the update fails, the completing push (``sender``'s)
+        gets the error now and the other ranks at their next pull of the keys."""
+        rounds = {k: self.rounds[k] for k in keys}
+        batch = [(k, [rounds[k].pending[q] for q in sorted(rounds[k].pending)]) for k in keys]
+        deferred = [k for k in keys if k in self.sliced and self.shard.updater is not None]
+        prepared, failure = None, None
+        try:
+            if deferred:
+                prepared = self.shard.prepare(batch)
+            else:
+                self.shard.apply(batch)
+        except Exception as exc:  # the round still ends, so no rank waits forever
+            numbers = {k: r.done for k, r in rounds.items()}
+            failure = self._failure(exc, keys, pushed_by(keys, rounds), numbers)
+        now = [k for k in keys if k not in deferred]
+        if prepared is not None and now:
+            self.shard.commit({k: prepared[k] for k in now})
+        for key in now:
+            self._finish(key, failure)
+        for key in deferred:
+            m = rounds[key].done
+            candidate = None if prepared is None else prepared[key]
+            self._prepared[(key, m)] = (candidate, failure, pushed_by([key], rounds))
+            self._vote(key, m, None if failure is None else failure.error)
+        if failure is not None and now:
+            raise failure.report_to(sender)
+
+    def _finish(self, key: Key, failure: Failure | None) -> None:
+        r = self.rounds[key]
+        if self.bus.active and self.sync:
+            self._emit_round(key, r, completed=r.done)
+        r.finish(failure)
+        self._wake()
+
+    # -- dist_async updates of sliced keys ---------------------------------------------
+    def _queue_update(self, sender: str, seq: int, key: Key, value: Any) -> None:
+        """Queue ``sender``'s push of a sliced key (a copy: the message's buffer is
+        not ours to keep) and apply what is next in server 0's order.
+
+        With a custom updater, a sliced key's update commits on all its slices or
+        none, so every server applies the key's updates in one order: the order in
+        which server 0 received the pushes (it queues every key of a message at
+        once, so its orders of all keys agree), told with its votes. A push
+        returns once its updates are decided; no wait can form a cycle, since
+        every server decides in server 0's single order of messages."""
+        self.queues.setdefault(key, UpdateQueue()).arrive(sender, value.copy(), seq, self.sid == 0)
+        self._advance(key)
+
+    def _advance(self, key: Key) -> None:
+        """Prepare the next update of ``key`` in order, if it is here, and vote on it."""
+        number = self.rounds[key].done
+        taken = self.queues[key].take(number)
+        if taken is None:
+            return
+        (sender, n), value, seq = taken
+        senders = {sender: {key: seq}}
+        candidate, failure = None, None
+        try:
+            candidate = self.shard.prepare([(key, [value])])[key]
+        except Exception as exc:
+            failure = self._failure(exc, [key], senders)
+        self._prepared[(key, number)] = (candidate, failure, senders)
+        self._vote(key, number, None if failure is None else failure.error, (sender, n))
+
+    async def _updates_decided(self, sender: str, keys: list[Key]) -> None:
+        """Wait until ``sender``'s queued updates of ``keys`` are decided; raise
+        the first that failed (reported to ``sender`` once)."""
+        for key in keys:
+            q = self.queues[key]
+            await self._wait(
+                lambda q=q: not q.undecided.get(sender, 0), lambda k=key: self._missing_votes(k)
+            )
+        for key in keys:
+            failed = self.rounds[key].report_to(sender)
+            if failed is not None:
+                raise failed
+
+    # -- votes on sliced keys ------------------------------------------------------
+    def _vote(
+        self, key: Key, number: int, error: BaseException | None, push: tuple | None = None
+    ) -> None:
+        """Tell every server of the store whether this server's slice of update
+        ``number`` of ``key`` (a dist_sync round, or the ``number``-th dist_async
+        update, ``push``) succeeded (``error`` None), then decide."""
+        for peer in range(len(self.peers)):
+            if peer != self.sid:
+                self._send(peer, "vote", key, number, self.sid, error, push)
+        self._record_vote(key, number, self.sid, error)
+
+    def _send(self, peer: int, method: str, *args: Any) -> None:
+        """Call ``method`` of server ``peer`` without waiting (a vote never blocks
+        the loop; a lost peer shows as an update that times out naming it)."""
+        address, actor_key = self.peers[peer]
+        local = self._worker.state.actors.get(actor_key) if address == self.address else None
+        if isinstance(local, Server):
+            call = getattr(local, method)(*args)
+        else:
+            from distributed.protocol import to_serialize
+
+            call = self._worker.rpc(address).actor_execute(
+                function=method, actor=actor_key, args=[to_serialize(a) for a in args], kwargs={}
+            )
+        task = asyncio.ensure_future(call)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @_answered
+    async def vote(
+        self, key: Key, number: int, sid: int, error: BaseException | None, push: tuple | None
+    ) -> None:
+        """Server ``sid``'s outcome of its slice of update ``number`` of ``key``;
+        from server 0 in dist_async, also which push that update is."""
+        if push is not None and sid == 0:
+            self.queues.setdefault(key, UpdateQueue()).learn(number, push)
+        self._record_vote(key, number, sid, error)
+        if not self.sync and key in self.queues:
+            self._advance(key)
+
+    def _record_vote(self, key: Key, number: int, sid: int, error: BaseException | None) -> None:
+        """Count a vote; with every server's vote and this server's own update
+        prepared, commit it if no slice failed, else keep nothing."""
+        votes = self._votes.setdefault((key, number), {})
+        votes[sid] = error
+        if len(votes) < len(self.peers) or (key, number) not in self._prepared:
+            return
+        del self._votes[(key, number)]
+        candidate, failure, senders = self._prepared.pop((key, number))
+        if self.rounds[key].done != number:  # aborted meanwhile
+            return
+        failed = [sid for sid in sorted(votes) if votes[sid] is not None]
+        if not failed:
+            self.shard.commit({key: candidate})
+        elif failure is None:  # another server's slice failed: report its error here too
+            failure = Failure(votes[failed[0]], failed[0], [key], senders)
+        if not self.sync:
+            (sender,) = senders
+            self.queues[key].decided(sender)
+        self._finish(key, failure)  # wakes the waiters, so after the queue's count
+        if not self.sync:
+            self._advance(key)
+
+    @_answered
     async def pull(self, msg: tuple) -> tuple[list[int], Any, list[Any]]:
         """The values of ``keys`` after this sender's first ``seq`` pushes (and,
         in dist_sync, after the rounds those pushes joined) have been applied;
@@ -340,9 +525,11 @@ class Server:
                     await self._wait(
                         lambda r=r, j=joined: r.done > j, lambda k=key: self._missing_ranks(k)
                     )
-                if joined in r.errors:
-                    raise ClusterError(f"server {self.sid}, key {key!r}: {r.errors[joined]}")
                 own_round.add(key)
+        for key in keys:  # an update that failed reaches each rank once
+            failed = self.rounds[key].report_to(sender)
+            if failed is not None:
+                raise failed
         small, big, bigs = [], [], []
         nbytes = 0
         for i, key in enumerate(keys):
@@ -379,7 +566,7 @@ class Server:
         if event["op"] == "push" and event["extra"].get("tally"):
             event["extra"]["first_piece"] = self.first_piece.get(event["key"], True)
 
-    def _emit_round(self, key: Key, r: _Round, completed: int | None = None) -> None:
+    def _emit_round(self, key: Key, r: Round, completed: int | None = None) -> None:
         pushed = sorted(r.pending)
         waited = 0.0 if r.first_push is None else time.monotonic() - r.first_push
         self.bus.emit(
@@ -409,6 +596,7 @@ class Server:
             "messages": dict(self.messages),
         }
 
+    @_answered
     async def streaming(
         self, on: bool, detail_interval: float = 0.0, detail_burst: int = 1
     ) -> None:
@@ -419,17 +607,27 @@ class Server:
         else:
             self.stream.stop()
 
+    @_answered
     async def load(self) -> dict[str, Any]:
         """Bytes in/out so far, keys held and bytes held."""
         return self._load()
 
     # -- updaters, optimizers, states -------------------------------------------
-    async def set_updater(self, updater: Callable | None) -> None:
-        self.shard.set_updater(updater)
+    @_answered
+    async def set_updater(self, updater: bytes | None) -> None:
+        """Use the pickled custom ``updater`` (None: back to ASSIGN)."""
+        self.shard.set_updater(None if updater is None else pickle.loads(updater))
 
+    @_answered
+    async def link(self, peers: list[tuple[str, str]]) -> None:
+        """Every server of the store as ``(worker address, actor key)``, by server id."""
+        self.peers = [tuple(p) for p in peers]
+
+    @_answered
     async def set_optimizer(self, config: dict[str, Any]) -> None:
         self.shard.set_optimizer(Optimizer.from_config(config))
 
+    @_answered
     async def get_states(self) -> tuple[int, dict[Key, int], dict[Key, tuple]]:
         """``(num_update, per-key update counts, per-key state pieces)``."""
         opt = self.shard.optimizer
@@ -438,6 +636,7 @@ class Server:
         states = {k: tuple(host_copy(a) for a in st) for k, st in self.shard.states.items()}
         return opt.num_update, dict(opt.index_update_count), states
 
+    @_answered
     async def set_states(
         self, num_update: int, counts: dict[Key, int], states: dict[Key, tuple]
     ) -> None:
@@ -453,6 +652,7 @@ class Server:
         self.shard.states = placed
 
     # -- run control --------------------------------------------------------------
+    @_answered
     async def configure(self, num_workers: int) -> None:
         """Set the number of ranks a dist_sync round waits for (no round may be open)."""
         open_rounds = [k for k, r in self.rounds.items() if r.pending]
@@ -461,18 +661,24 @@ class Server:
         self.num_workers = num_workers
         self._aborted = None
 
+    @_answered
     async def abort(self, reason: str) -> None:
         """Wake every waiter with ``ClusterError(reason)`` and drop open rounds."""
         self._aborted = reason
         for r in self.rounds.values():
-            r.pending, r.first_push = {}, None
+            r.pending, r.senders, r.first_push = {}, {}, None
+        self._prepared.clear()
+        self._votes.clear()
+        self.queues.clear()
         self._wake()
 
+    @_answered
     async def peek(self, keys: list[Key]) -> list[Any]:
         """Copies of the stored pieces as they are now: no waiting for rounds or
         for in-flight pushes, no events (what a monitor draws)."""
         return [host_copy(self.shard.read(k)) for k in keys]
 
+    @_answered
     async def summary(self, key: Key) -> dict[str, float]:
         """min/max/mean/norm of a stored piece (for checks without moving it)."""
         return summarize(self.shard.read(key))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import math
 import threading
 import time
 import uuid
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
 import distributed
 import numpy as np
 
@@ -185,6 +187,9 @@ def start_servers(
         try:
             actors = client.gather(futures)
             devices = [actor.device_name for actor in actors]
+            peers = [(addresses[s], futures[s].key) for s in range(num_servers)]
+            for call in [actor.link(peers) for actor in actors]:
+                call.result(timeout=timeout)
         except Exception as exc:
             client.cancel(futures)
             raise ClusterError(f"the servers of {store_id} could not start: {exc}") from exc
@@ -264,6 +269,10 @@ class DistStore(KVStore):
         self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
         self._local: list[Server | None] = [None] * spec.num_servers
         self._worker = self._loop = None
+        self._closed = False
+        # With compression: per key, the residuals its last push replaced and
+        # that push's sequence number per server (restored if that push fails).
+        self._residual_undo: dict[Key, tuple[dict, dict[int, int]]] = {}
         if handle is None:  # a rank: servers on its own Dask worker are called in-process
             self._find_local_servers()
 
@@ -353,6 +362,8 @@ class DistStore(KVStore):
 
     def _send(self, s: int, method: str, *args: Any) -> Any:
         """:meth:`_call` without sending the held pushes first."""
+        if self._closed:
+            raise ClusterError(f"the store {self._id} is closed (its servers were released)")
         if self._loop is not None:
             return asyncio.run_coroutine_threadsafe(self._coro(s, method, args), self._loop)
         try:
@@ -387,7 +398,18 @@ class DistStore(KVStore):
         for up to its connect timeout, so the wait looks every ``_POLL_S`` at
         whether the scheduler has reported the server lost."""
         deadline = time.monotonic() + self._spec.timeout + _GRACE_S
-        return [self._wait_one(s, future, deadline, what) for s, future in calls]
+        results, first_error = [], None
+        for s, future in calls:
+            # After a failed call the others are still waited for: a server must
+            # have answered this call before the next one asks it again (a failed
+            # update is reported once, to whichever call of the rank comes first).
+            try:
+                results.append(self._wait_one(s, future, deadline, what))
+            except Exception as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return results
 
     def _wait_one(self, s: int, future: Any, deadline: float, what: str) -> Any:
         while True:
@@ -396,14 +418,39 @@ class DistStore(KVStore):
             except ClusterError:
                 raise
             except TIMEOUTS as exc:
+                if hasattr(exc, "_labkv_server"):  # a server's own answer: raise it as it is
+                    raise
                 self._raise_if_lost(s)
                 if time.monotonic() >= deadline:
                     raise ClusterError(
                         f"server {s} on {self._spec.server_addresses[s]} did not answer "
                         f"{what} within {self._spec.timeout + _GRACE_S:g} s"
                     ) from exc
-            except (OSError, RuntimeError) as exc:
-                raise self._lost(s, exc) from exc
+            except Exception as exc:
+                if hasattr(exc, "_labkv_server"):  # raised by the server: an updater's error
+                    self._restore_residuals(exc)
+                    raise
+                if isinstance(exc, OSError) or "Actor was lost" in str(exc):
+                    raise self._lost(s, exc) from exc
+                raise
+
+    def _residuals_committed(self, replaced: dict) -> None:
+        for key in {slot[0] for slot in replaced}:
+            mine = {slot: r for slot, r in replaced.items() if slot[0] == key}
+            pushed = {p.server: self._sent[p.server] - 1 for p in self._pieces[key]}
+            self._residual_undo[key] = (mine, pushed)
+
+    def _restore_residuals(self, exc: BaseException) -> None:
+        """An update of keys this rank pushed failed on a server: put back the
+        compression residuals of those keys whose last push it was."""
+        failed = getattr(exc, "_labkv_update", None)
+        if failed is None or self._compression is None:
+            return
+        for key, seq in failed["seqs"].items():
+            undo = self._residual_undo.get(key)
+            if undo is not None and undo[1].get(failed["server"]) == seq:
+                self._compression.restore(undo[0])
+                del self._residual_undo[key]
 
     # -- held pushes ---------------------------------------------------------------
     def _hold(self, s: int, msg: Any) -> None:
@@ -659,8 +706,18 @@ class DistStore(KVStore):
 
     # -- updaters, optimizers, states -------------------------------------------------
     def _set_updater_impl(self, updater: Callable) -> None:
-        if self._owner:  # a custom updater travels by Dask's pickling (cloudpickle)
-            self._all_servers("set_updater", updater)
+        # A custom updater travels pickled (cloudpickle, as Dask pickles): pickled
+        # here, so that one that cannot travel is refused at once, in the caller.
+        try:
+            blob = cloudpickle.dumps(updater)
+        except Exception as exc:
+            raise TypeError(
+                f"the updater cannot be sent to the servers: it cannot be pickled "
+                f"({type(exc).__name__}: {exc}); give a function, or an object without "
+                "locks, open files or sockets"
+            ) from exc
+        if self._owner:
+            self._all_servers("set_updater", blob)
 
     def _set_optimizer_impl(self, optimizer: Optimizer) -> None:
         if self._owner:  # an optimizer travels as its config: data, not code
@@ -750,8 +807,10 @@ class DistStore(KVStore):
             self._wait_all(calls, "streaming")
 
     def close(self) -> None:
-        """Release the servers this store started (their keys are dropped)."""
+        """Release the servers this store started (their keys are dropped); a
+        later call on the store raises ``ClusterError`` saying it is closed."""
         if self._futures and self._handle is not None:
+            self._closed = True
             if self.events.active:
                 self._handle.client.unsubscribe_topic(topic_of(self._id))
             self._handle.client.cancel(self._futures)
@@ -762,6 +821,20 @@ class DistStore(KVStore):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_cluster_args(cluster: Any, timeout: Any) -> None:
+    """Refuse a ``cluster`` that is not a handle and a ``timeout`` that is not
+    a positive number of seconds, before anything starts."""
+    if cluster is not None and not isinstance(cluster, ClusterHandle):
+        hint = f" (connect to it first: labkv.cluster.connect({cluster!r}))"
+        raise TypeError(
+            f"cluster must be a ClusterHandle from labkv.cluster.connect, got "
+            f"{type(cluster).__name__}{hint if isinstance(cluster, str) else ''}"
+        )
+    number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+    if not number or not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
 
 
 def create_store(
@@ -792,6 +865,7 @@ def create_store(
     (0, 1)
     """
     kind, name = dist_kind(kind), kind.lower()
+    check_cluster_args(cluster, timeout)
     if num_servers is not None and (not isinstance(num_servers, int) or num_servers < 1):
         raise ValueError(f"num_servers must be a positive int, got {num_servers!r}")
     if int(bigarray_bound) < 1:

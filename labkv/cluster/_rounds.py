@@ -1,0 +1,197 @@
+"""dist_sync rounds and failed updates, as plain logic (no Dask, no asyncio).
+
+Per key, a server collects one push per rank into the open round; the W-th
+completes it, and the round's update runs once. An update that fails (a
+custom updater raised) is a :class:`Failure`: its exception reaches each rank
+whose push was in the round exactly once (at that rank's next pull of the
+key), and later pulls get the unchanged value, as on the local store.
+
+>>> r = Round()
+>>> r.join(rank=0, sender="a", seq=0, value=1.0)
+>>> r.missing(num_workers=2)
+[1]
+>>> r.join(rank=1, sender="b", seq=4, value=2.0)
+>>> failure = Failure(ValueError("no"), server=0, keys=["w"], senders=pushed_by(["w"], {"w": r}))
+>>> r.finish(failure)
+>>> r.done, r.pending
+(1, {})
+>>> type(r.report_to("b")).__name__, r.report_to("b")
+('ValueError', None)
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from typing import Any
+
+import cloudpickle
+
+#: Failures kept for senders that have not pulled since (per key; older ones are dropped).
+KEEP_FAILURES = 100
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (Python 3.11+), or the same ``__notes__`` list before."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10: kept in the attribute 3.11's traceback prints
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+
+
+def portable(exc: BaseException) -> BaseException:
+    """``exc`` when it survives pickling as Dask pickles (cloudpickle: classes
+    of ``__main__`` travel by value), else a ``RuntimeError`` with the same text."""
+    try:
+        pickle.loads(cloudpickle.dumps(exc))
+    except Exception:
+        plain = RuntimeError(f"{type(exc).__name__}: {exc}")
+        plain.__notes__ = list(getattr(exc, "__notes__", []))
+        return plain
+    return exc
+
+
+class Failure:
+    """A failed update on one server: the updater's own exception (with a
+    note naming the server, keys and rounds), owed once to each sender whose
+    pushes the update held (``senders``: sender -> {key: sequence number of
+    the push that carried it})."""
+
+    __slots__ = ("error", "server", "keys", "untold")
+
+    def __init__(
+        self, error: BaseException, server: int, keys: list[Any], senders: dict[str, dict]
+    ):
+        self.error, self.server, self.keys = error, server, list(keys)
+        self.untold = {sender: dict(seqs) for sender, seqs in senders.items()}
+
+    def report_to(self, sender: str) -> BaseException | None:
+        """The exception for ``sender`` the first time it asks; None after that
+        (or when none of its pushes was in the failed update). It carries which
+        of the sender's pushes failed (``_labkv_update``), so the sender can
+        restore what it committed for them (compression residuals)."""
+        seqs = self.untold.pop(sender, None)
+        if seqs is None:
+            return None
+        exc = copy.copy(self.error)
+        exc._labkv_update = {"server": self.server, "seqs": seqs}
+        return exc
+
+
+def pushed_by(keys: list[Any], rounds: dict[Any, Round]) -> dict[str, dict]:
+    """sender -> {key: seq} of the pushes in the open rounds of ``keys``."""
+    senders: dict[str, dict] = {}
+    for key in keys:
+        for sender, seq in rounds[key].senders.items():
+            senders.setdefault(sender, {})[key] = seq
+    return senders
+
+
+def failure_note(server: int, keys: list[Any], rounds: dict[Any, int] | None = None) -> str:
+    """The note an updater's exception gets: where it was raised and what it left."""
+    when = ""
+    if rounds:
+        numbers = sorted(set(rounds.values()))
+        when = f" in round {numbers[0]}" if len(numbers) == 1 else f" in rounds {rounds}"
+    return (
+        f"raised by the updater on server {server}: the update of keys {keys}{when} "
+        "failed, and no part of those keys changed"
+    )
+
+
+class Round:
+    """dist_sync bookkeeping of one key on one server (see module doc)."""
+
+    __slots__ = ("done", "pending", "senders", "first_push", "failures")
+
+    def __init__(self) -> None:
+        self.done = 0  # completed rounds
+        self.pending: dict[int, Any] = {}  # rank -> value pushed in round `done`
+        self.senders: dict[str, int] = {}  # sender -> seq of its push in round `done`
+        self.first_push: float | None = None
+        self.failures: dict[int, Failure] = {}  # round -> its failed update
+
+    def join(self, rank: int, sender: str, seq: int, value: Any) -> None:
+        """Rank ``rank``'s push (``seq``-th message of ``sender``) joins the open round."""
+        self.pending[rank] = value
+        self.senders[sender] = seq
+
+    def missing(self, num_workers: int) -> list[int]:
+        return sorted(set(range(num_workers)) - set(self.pending))
+
+    def finish(self, failure: Failure | None = None) -> None:
+        """Close the open round (its update applied, or failed as ``failure``)."""
+        if failure is not None:
+            self.failures[self.done] = failure
+        stale = [
+            g for g, f in self.failures.items() if g < self.done - KEEP_FAILURES or not f.untold
+        ]
+        for g in stale:
+            del self.failures[g]
+        self.done += 1
+        self.pending, self.senders, self.first_push = {}, {}, None
+
+    def report_to(self, sender: str) -> BaseException | None:
+        """The earliest failure not yet reported to ``sender`` (once), or None."""
+        for g in sorted(self.failures):
+            exc = self.failures[g].report_to(sender)
+            if exc is not None:
+                return exc
+        return None
+
+
+class UpdateQueue:
+    """dist_async updates of one sliced key on one server, applied in the order
+    server 0 received them (every server of the key follows that order, so the
+    slices of each update commit together; see ``Server._advance``).
+
+    A push is ``(sender, n)``: the ``n``-th push of the key by ``sender``, the
+    same push on every server (a sender's pushes reach each server in order).
+
+    >>> q = UpdateQueue()
+    >>> q.arrive("a", value=1.0, seq=7, leader=False)
+    >>> q.take(0) is None  # server 0 has not said which push is first
+    True
+    >>> q.learn(0, ("a", 0))
+    >>> q.take(0)
+    (('a', 0), 1.0, 7)
+    """
+
+    __slots__ = ("data", "order", "assigned", "arrived", "undecided", "busy")
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[str, int], tuple[Any, int]] = {}  # push -> (value, seq)
+        self.order: dict[int, tuple[str, int]] = {}  # position -> push
+        self.assigned = 0  # on server 0: the next position to give
+        self.arrived: dict[str, int] = {}  # sender -> pushes of the key received
+        self.undecided: dict[str, int] = {}  # sender -> its pushes not yet decided
+        self.busy = False  # an update is prepared and waits for the other servers
+
+    def arrive(self, sender: str, value: Any, seq: int, leader: bool) -> None:
+        n = self.arrived.get(sender, 0)
+        self.arrived[sender] = n + 1
+        self.undecided[sender] = self.undecided.get(sender, 0) + 1
+        self.data[(sender, n)] = (value, seq)
+        if leader:
+            self.order[self.assigned] = (sender, n)
+            self.assigned += 1
+
+    def learn(self, position: int, push: tuple[str, int]) -> None:
+        """Server 0 says which push is the ``position``-th update."""
+        self.order.setdefault(position, tuple(push))
+
+    def take(self, position: int) -> tuple[tuple[str, int], Any, int] | None:
+        """The push to apply as update ``position``, once its order and data are here."""
+        if self.busy:
+            return None
+        push = self.order.get(position)
+        if push is None or push not in self.data:
+            return None
+        del self.order[position]
+        value, seq = self.data.pop(push)
+        self.busy = True
+        return push, value, seq
+
+    def decided(self, sender: str) -> None:
+        self.busy = False
+        self.undecided[sender] -= 1
