@@ -195,15 +195,24 @@ def test_display_again_close_and_reattach():
     mon = monitor(kv, hz=20)
     root = mon.widget
     assert mon.widget is root and mon._ticker.running
+    kv.init("w", np.zeros(2))
+    for _ in range(30):  # more than the bus details: the last picture counts them all
+        kv.push("w", np.ones(2))
     mon.close()
-    assert root.comm is None and not mon._ticker.running and not kv.events.active
+    # The dashboard stays on the page with its last picture, marked closed.
+    assert root.comm is not None and not mon._ticker.running and not kv.events.active
+    d = mon._dashboard
+    assert "(closed)" in d.header.value and "push 30" in d.header.value
+    assert "<td>w</td><td>2</td><td>30</td>" in d.keys.value
+    kv.push("w", np.ones(2))
     mon.close()  # idempotent
+    assert "push 30" in d.header.value  # nothing seen after close
     kv2 = labkv.create("local")
-    mon.attach(kv2)
-    root2 = mon.widget
-    assert root2 is not root and mon._ticker.running
+    mon.attach(kv2)  # watching again: the same dashboard, live
+    assert mon.widget is root and mon._ticker.running
     kv2.init("z", np.zeros(2))
     assert wait_until(lambda: "<td>z</td>" in mon._dashboard.keys.value, timeout=5.0)
+    assert "(closed)" not in mon._dashboard.header.value
     mon.attach(labkv.create("local"))  # moving on clears the tables
     assert wait_until(lambda: "no keys yet" in mon._dashboard.keys.value, timeout=5.0)
     mon.close()

@@ -17,6 +17,7 @@ key  shape  push  pull  updater  in    out  min  max  mean  norm   last change  
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -122,14 +123,24 @@ class Monitor:
         return self
 
     def close(self) -> None:
-        """Stop watching, stop the refresh thread and close the widgets (idempotent)."""
-        self._unsubscribe()
+        """Stop watching and stop the refresh thread (idempotent).
+
+        A displayed dashboard stays where it is, showing everything seen up to
+        now, its header marked closed: a notebook that ends its monitor in its
+        last cell still shows what happened after Run All. (Closing the widgets
+        would take that picture away, and the page's plots would go on sending
+        messages to widgets the kernel no longer has.) ``attach`` watches again.
+        """
         self._ticker.stop()
+        if self._sub is not None:
+            # The last picture includes the calls the bus has only counted so far;
+            # a store that is already closed keeps the picture of its last refresh.
+            with contextlib.suppress(Exception):
+                self.refresh()
+        self._unsubscribe()
         self.closed = True
-        with self._refresh_lock:
-            dashboard, self._dashboard = self._dashboard, None
-        if dashboard is not None:
-            dashboard.close()
+        with contextlib.suppress(Exception):
+            self.refresh()  # the header says closed
 
     def _flush_bus(self) -> None:
         """Have the store's bus deliver the calls it only tallied so far."""

@@ -192,6 +192,7 @@ class Dashboard:
         self._filters_dirty = True
         self._known_keys: list[Any] = []
         self._version = -1
+        self._closed = False
         self._value_version = -1
         # While a store is busy every tick redraws its tables, mostly with last tick's
         # rows: these keep the rows made and drawn, so only new ones cost anything.
@@ -237,8 +238,8 @@ class Dashboard:
         closed: bool = False,
     ) -> None:
         """Re-render what changed since the last call."""
-        changed = model.version != self._version
-        self._version = model.version
+        changed = model.version != self._version or closed != self._closed
+        self._version, self._closed = model.version, closed
         if changed:
             with model.lock:
                 counts = " · ".join(f"{esc(op)} {n}" for op, n in sorted(model.counts.items()))
@@ -323,15 +324,3 @@ class Dashboard:
                 widget.value = current
             else:
                 widget.index = 0
-
-    def close(self) -> None:
-        """Close every widget of the dashboard (front-end views disappear)."""
-        for child in self.root.children:
-            _close_tree(child)
-        self.root.close()
-
-
-def _close_tree(widget: W.Widget) -> None:
-    for child in getattr(widget, "children", ()):
-        _close_tree(child)
-    widget.close()
