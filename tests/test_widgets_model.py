@@ -121,7 +121,7 @@ def test_log_is_newest_first_filterable_and_bounded():
     assert {e.key for e in model.events(key="a", limit=100)} == {"a"}
     assert [e.op for e in model.events(key="a", op="pull")] == ["pull"]
     headers, rows = log_table(model, op="push", limit=5)
-    assert len(rows) == 5 and {r[2] for r in rows} == {"push"}
+    assert len(rows) == 5 and {r[1] for r in rows} == {"push"}
 
 
 def test_pending_events_stay_bounded_without_a_flush():

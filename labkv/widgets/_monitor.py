@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..events import summarize
 from ._model import MonitorModel
 from ._text import summary as text_summary
 from ._throttle import Ticker
@@ -38,6 +39,8 @@ _bokehjs_loaded = False
 #: arrive in detail, a busy training loop's are mostly counted (exact counts, little work)
 DETAIL_INTERVAL = 0.1
 DETAIL_BURST = 4
+#: keys whose value a refresh reads from the servers, at most
+SERVER_READS = 8
 
 
 def _load_bokehjs() -> None:
@@ -170,9 +173,22 @@ class Monitor:
         model, and re-read the placement when keys were added."""
         self._flush_bus()
         self.model.flush()
+        self._read_server_values()
         if len(self.model.keys) != self._placement_keys:
             self._placement_keys = len(self.model.keys)
             self._placement = self._read_placement()
+
+    def _read_server_values(self) -> None:
+        """Summaries of values that servers changed, read from the servers. Their
+        events tell what was pushed (and the ranks' what they pulled, a batch
+        later), not what is stored now; at most SERVER_READS keys per refresh."""
+        model = self.model
+        for key in model.take_server_changed(SERVER_READS):
+            try:
+                value = read_quietly(self.kv, key, model.quiet)
+            except Exception:  # e.g. a server lost: the store's next call says so
+                continue
+            model.set_value(key, summarize(value))
 
     def _read_placement(self) -> dict[Any, Any]:
         try:

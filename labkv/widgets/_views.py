@@ -29,6 +29,7 @@ from ._tables import (
     log_row,
     log_table,
     servers_table,
+    trace_note,
     trace_row,
     trace_table,
 )
@@ -180,6 +181,7 @@ class Dashboard:
         )
         self.log = _html("labkv-log-view")
         self.trace = _html("labkv-trace-view")
+        self.trace_note = _html("labkv-trace-note")
         self.value_key = W.Dropdown(
             options=[("(first key)", None)], index=0, description="value of"
         )
@@ -210,7 +212,7 @@ class Dashboard:
                         _section(
                             "value", self.value_key, self.plots.value_widget, self.value_caption
                         ),
-                        _section("updater calls (newest first)", self.trace),
+                        _section("updater calls (newest first)", self.trace_note, self.trace),
                     ]
                 ),
                 W.HBox(
@@ -257,15 +259,15 @@ class Dashboard:
                     *keys_table(model, placement), "labkv-keys", "no keys yet", self._drawn["keys"]
                 ),
             )
+            trace = trace_table(model, self.trace_rows, self._trace_made)
             _set(
                 self.trace,
                 value=table_html(
-                    *trace_table(model, self.trace_rows, self._trace_made),
-                    "labkv-trace",
-                    "no updater calls yet",
-                    self._drawn["trace"],
+                    *trace, "labkv-trace", "no updater calls yet", self._drawn["trace"]
                 ),
             )
+            note = trace_note(model, len(trace[1])) if trace[1] else ""
+            _set(self.trace_note, value=f'<span class="labkv-empty">{esc(note)}</span>')
             _set(
                 self.servers,
                 value=table_html(
