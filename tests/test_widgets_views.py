@@ -137,6 +137,7 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
     kv, mon = watched
     _ = mon.widget
     d = mon._dashboard
+    assert d.plots.load_widget.layout.display == "none"  # no servers yet: no empty plot
     events = [_round("w", 0, 1, [0, 2], 3, t=time.time())]
     events += [
         Event(
@@ -171,6 +172,11 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
         "server 1 in",
         "server 1 out",
     ]
+    assert d.plots.load_widget.layout.display is None
+    assert d.plots.load_fig.title.text == "bytes in and out, cumulative (KiB)"
+    assert d.plots.load_source.data["ys"][2] == [4.0]  # 4096 bytes, in KiB
+    # the legend sits beside the plot area, not over the lines
+    assert d.plots.load_fig.legend[0] in d.plots.load_fig.right
     first = d.fanin.value
     assert wait_until(
         lambda: d.fanin.value != first, timeout=5.0
@@ -234,3 +240,22 @@ def test_bokehjs_is_loaded_before_the_widget_is_shown(monkeypatch):
         mon.widget,
     ]
     mon.close()
+
+
+def test_compact_layout_constant_value_and_caption(watched):
+    from labkv.widgets._views import TAB_TITLES
+
+    kv, mon = watched
+    root = mon.widget
+    d = mon._dashboard
+    assert root.children[1] is d.header and d.tabs in root.children
+    assert d.tabs.titles == TAB_TITLES
+    kv.init("c", np.full((2, 3), 10.0))
+    assert wait_until(lambda: "min 10 max 10 mean 10" in d.value_caption.value, timeout=5.0)
+    # a constant shows as the palette's middle colour, with its value on the colour bar
+    plots = d.plots
+    assert plots.color_bar.visible and plots.mapper.low < 10.0 < plots.mapper.high
+    assert (plots.mapper.low + plots.mapper.high) / 2 == 10.0
+    # the caption is two lines that do not wrap
+    assert "</span> <br><span>min 10" in d.value_caption.value
+    assert "1 event · 1 key · init 1" in d.header.value

@@ -23,6 +23,7 @@ STYLE = """<style>
 .labkv-missing { background: #f8c8c8; font-weight: bold; }
 .labkv-pushed { background: #c8f0c8; }
 .labkv-empty { color: #888; font: 12px sans-serif; }
+.labkv-value-caption span, .labkv-header { white-space: nowrap; }
 </style>"""
 
 

@@ -256,10 +256,18 @@ class Monitor:
             with self._refresh_lock:
                 self._value = ValueState()
                 self._dashboard = Dashboard(rows=self._rows)
+                self._dashboard.tabs.observe(self._tab_shown, names="selected_index")
             self.refresh()
         if not self.closed:
             self._ticker.start()
         return self._dashboard.root
+
+    def _tab_shown(self, _change: Any) -> None:
+        # A plot changed while its tab was hidden is stale in the page: draw it again
+        # (under the refresh lock: bokeh documents take changes from one thread at a time).
+        with self._refresh_lock:
+            if self._dashboard is not None:
+                self._dashboard.plots.redraw()
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

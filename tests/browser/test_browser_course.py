@@ -141,6 +141,26 @@ def lab(tmp_path_factory):
         shutil.copy(root / "jupyter.log", ARTIFACTS / "jupyter.log")
 
 
+def _visit_tabs(page, box, stem: str) -> list[dict]:
+    """Show each tab of the monitor in turn (a screenshot of each), then the first
+    again; per tab its title, height and how many plot canvases are drawn."""
+    tabs = box.locator(".lm-TabBar-tab")
+    seen = []
+    for i in range(tabs.count()):
+        tabs.nth(i).click()
+        page.wait_for_timeout(600)
+        canvases = box.locator("canvas").evaluate_all(
+            "els => els.filter(e => e.offsetWidth > 0 && e.offsetHeight > 0).length"
+        )
+        title = tabs.nth(i).inner_text().strip()
+        seen.append({"title": title, "height": box.bounding_box()["height"], "plots": canvases})
+        box.screenshot(path=str(ARTIFACTS / f"{stem}-tab{i}.png"))
+    if seen:
+        tabs.nth(0).click()
+        page.wait_for_timeout(300)
+    return seen
+
+
 def _shut_down_kernels(base: str, token: str) -> None:
     """Shut every kernel of the server down (the notebook's cluster with it)."""
     url = f"{base}/api/sessions?token={token}"
@@ -199,6 +219,8 @@ def test_run_all_cells(lab, path):
             box = page.locator(".labkv-monitor").first
             box.scroll_into_view_if_needed()
             page.wait_for_timeout(500)
+            monitor["height"] = box.bounding_box()["height"]
+            monitor["tabs"] = _visit_tabs(page, box, stem)
             box.screenshot(path=str(ARTIFACTS / f"{stem}.png"))
         page.screenshot(path=str(ARTIFACTS / f"{stem}-page.png"))
         page.wait_for_timeout(500)  # messages the scrolling made the views send
@@ -226,6 +248,10 @@ def test_run_all_cells(lab, path):
     if _shows_monitor(path):
         assert monitor["shown"] >= 1, f"no monitor on the page after Run All: {monitor}"
         assert monitor["keys"] >= 1, f"the monitor's keys table is empty: {monitor}"
+        # compact: one line and the tabs, so it stays on screen while later cells run
+        assert all(tab["height"] <= 480 for tab in monitor["tabs"]), monitor
+        value_tab = next(t for t in monitor["tabs"] if t["title"].startswith("value"))
+        assert value_tab["plots"] >= 1, f"the value plot is not drawn: {monitor}"
         assert (ARTIFACTS / f"{stem}.png").stat().st_size > 5_000
     assert monitor["errors"] == 0, "a widget failed to render"
     checks = [c for c in code if "check" in c["tags"]]
