@@ -282,3 +282,25 @@ def test_reattach_to_a_new_store_forgets_the_old_one():
     assert list(mon.model.keys) == [2] and not kv1.events.active
     mon.close()
     assert not kv2.events.active
+
+
+def test_a_sliced_key_keeps_its_shape_and_is_read_from_its_servers():
+    model = MonitorModel()
+    model.on_event(Event(0, 1.0, "dist_sync", "init", "w", shape=(16,), dtype="float32"))
+    for server in (0, 1):  # each server reports the push of its own slice
+        model.on_event(
+            Event(0, 2.0, "dist_sync", "push", "w", server=server, shape=(8,), nbytes=32)
+        )
+    model.flush()
+    stats = model.keys["w"]
+    assert stats.shape == (16,) and stats.on_servers
+    assert model.take_server_changed(8) == ["w"] and model.take_server_changed(8) == []
+
+
+def test_the_log_is_in_time_order_whatever_the_arrival_order():
+    model = MonitorModel()
+    model.on_event(Event(5, 3.0, "dist_sync", "pull", "w"))  # the notebook's, at once
+    for seq, t in ((91, 1.0), (92, 2.0)):  # a server's batch, a moment later
+        model.on_event(Event(seq, t, "dist_sync", "round", "w", server=0))
+    model.flush()
+    assert [e.time for e in model.events()] == [3.0, 2.0, 1.0]

@@ -238,7 +238,7 @@ class MonitorModel:
                 self.dropped_keys += 1
                 return
             stats = self.keys[e.key] = KeyStats(e.key)
-        if e.shape:
+        if e.shape and e.server is None:  # a server's event may be of one slice
             stats.shape, stats.dtype = e.shape, e.dtype or stats.dtype
         if e.server is not None and op in CHANGING_OPS:
             stats.on_servers = True
