@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import labkv
 from labkv.cluster import run
@@ -161,11 +162,13 @@ def _push_and_pull_steps(kv, steps):
 
 
 def test_values_follow_the_servers_without_a_pull_from_the_notebook(handle):
+    pytest.importorskip("ipywidgets")
     kv = labkv.create("dist_sync", cluster=handle, num_servers=1)
     mon = monitor(kv)
     try:
         kv.init("acc", np.zeros(4, np.float32))
         kv.set_updater(_accumulate)
+        _ = mon.widget  # the dashboard's value view too
         run(_push_and_pull_steps, num_workers=2, kvstore=kv, args=(20,))
         # the ranks' 20 rounds of 2 pushes, applied on the server: 40. The notebook
         # does not pull; the table shows what the server holds, not an early sample.
@@ -174,6 +177,7 @@ def test_values_follow_the_servers_without_a_pull_from_the_notebook(handle):
         assert mon.model.updates_detailed < 20  # most calls were only counted
         trace = mon.summary(events=20)
         assert f"{mon.model.updates_detailed} of 20 calls shown" in trace, trace
+        assert wait_until(lambda: mon.value is not None and mon.value[1].max() == 40.0)
         np.testing.assert_array_equal(kv.pull("acc"), [40, 0, 0, 0])
     finally:
         mon.close()

@@ -304,3 +304,18 @@ def test_the_log_is_in_time_order_whatever_the_arrival_order():
         model.on_event(Event(seq, t, "dist_sync", "round", "w", server=0))
     model.flush()
     assert [e.time for e in model.events()] == [3.0, 2.0, 1.0]
+
+
+def test_counted_calls_and_finished_rounds_mark_the_value_for_a_new_read():
+    model = MonitorModel()
+    model.on_event(Event(0, 1.0, "dist_sync", "init", "w", shape=(4,), dtype="float32"))
+    model.flush()
+    model.take_changed()
+    tally = {"tally": True}
+    model.on_event(Event(0, 2.0, "dist_sync", "update", "w", server=0, count=3, extra=tally))
+    model.flush()
+    assert model.take_changed() == {"w"}  # only counted, but the value changed
+    done = {"round": 4, "pushed": [0, 1], "missing": [], "num_workers": 2, "complete": True}
+    model.on_event(Event(1, 3.0, "dist_sync", "round", "w", server=0, extra=done))
+    model.flush()
+    assert model.take_changed() == {"w"}  # the round's update is applied now

@@ -222,7 +222,8 @@ class MonitorModel:
                 fan = self.fanin.get(e.key) or self.fanin.setdefault(e.key, FanIn(e.key))
                 fan.per_server[e.server] = (e.time, dict(e.extra))
                 if e.extra.get("complete") and e.key in self.keys:
-                    self.server_changed.add(e.key)  # the round's update is applied
+                    self.changed.add(e.key)  # the round's update is applied
+                    self.server_changed.add(e.key)
             return
         if e.server is not None and op in ("push", "pull"):
             self._fold_traffic(e)
@@ -286,6 +287,7 @@ class MonitorModel:
             stats.value = e.summary
         if e.op in CHANGING_OPS:
             stats.last_op, stats.last_change = e.op, e.time
+            self.changed.add(stats.key)
 
     def _server(self, server: Any) -> ServerLoad:
         load = self.servers.get(server)
