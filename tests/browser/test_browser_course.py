@@ -11,10 +11,13 @@ shut down before the next one starts. After Run All, for each notebook:
   table filled (ending a monitor leaves its last picture);
 - JupyterLab's log console holds no warning or error (e.g. ``No such comm``);
 - every exercise check (cells tagged ``check``) reports ``not yet``: nothing
-  solved the exercise for the student.
+  solved the exercise for the student;
+- the monitor is compact (each of its tabs under 480 px) and its value plot is
+  drawn when its tab is shown.
 
-A screenshot of each notebook's monitor (and of the page) goes to
-``artifacts/screenshots/`` (``LABKV_ARTIFACTS`` moves it), a CI artifact.
+Screenshots of each notebook's monitor (the keys tab, and each tab), of its page,
+and a JSON report (cells, log entries, run time) go to ``artifacts/screenshots/``
+(``LABKV_ARTIFACTS`` moves it), a CI artifact.
 Locally the test skips without chromium or playwright; under ``CI`` it fails.
 """
 
