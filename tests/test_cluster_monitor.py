@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import labkv
 from labkv.cluster import run
@@ -147,4 +148,53 @@ def test_unwatched_ranks_send_no_events(handle):
         time.sleep(0.3)  # longer than a flush interval: a stray batch would be there
         assert handle.client.get_events(topic_of(kv._id)) == ()
     finally:
+        kv.close()
+
+
+def _accumulate(key, merged, stored):
+    stored[0] += merged[0]
+
+
+def _push_and_pull_steps(kv, steps):
+    for _ in range(steps):
+        kv.push("acc", np.array([1.0, 0, 0, 0], np.float32))
+        kv.pull("acc")
+
+
+def test_values_follow_the_servers_without_a_pull_from_the_notebook(handle):
+    pytest.importorskip("ipywidgets")
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=1)
+    mon = monitor(kv)
+    try:
+        kv.init("acc", np.zeros(4, np.float32))
+        kv.set_updater(_accumulate)
+        _ = mon.widget  # the dashboard's value view too
+        run(_push_and_pull_steps, num_workers=2, kvstore=kv, args=(20,))
+        # the ranks' 20 rounds of 2 pushes, applied on the server: 40. The notebook
+        # does not pull; the table shows what the server holds, not an early sample.
+        stats = _settled(mon, "acc", lambda s: s.updates == 20 and s.value["max"] == 40.0)
+        assert (stats.value["max"], stats.value["mean"]) == (40.0, 10.0)
+        assert mon.model.updates_detailed < 20  # most calls were only counted
+        trace = mon.summary(events=20)
+        assert f"{mon.model.updates_detailed} of 20 calls shown" in trace, trace
+        assert wait_until(lambda: mon.value is not None and mon.value[1].max() == 40.0)
+        np.testing.assert_array_equal(kv.pull("acc"), [40, 0, 0, 0])
+    finally:
+        mon.close()
+        kv.close()
+
+
+def test_events_from_all_sources_are_newest_first_by_time(handle):
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=1)
+    mon = monitor(kv)
+    try:
+        kv.init("acc", np.zeros(4, np.float32))
+        run(_push_and_pull_steps, num_workers=2, kvstore=kv, args=(3,))
+        _settled(mon, "acc", lambda s: s.pushes == 6)
+        events = mon.model.events(limit=500)
+        assert {e.server for e in events} >= {None, 0}  # the ranks' and the server's
+        times = [e.time for e in events]
+        assert times == sorted(times, reverse=True)
+    finally:
+        mon.close()
         kv.close()

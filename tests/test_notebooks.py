@@ -1,5 +1,6 @@
 """The tutorial notebooks: each runs top to bottom in a real kernel, is committed without
-outputs, and uses only documented public API."""
+outputs, and uses only documented public API; its exercises are not solved until the
+student solves them, and each solution file solves its exercise."""
 
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ import pytest
 import labkv
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9]*.ipynb"))
+SOLUTIONS = NOTEBOOKS[0].parent / "solutions"
 
 
 def code_of(path: Path) -> str:
+    """The notebook's code, with the solution files its exercises name (no magics)."""
     nb = nbformat.read(path, as_version=4)
-    return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    solutions = re.findall(r"%load (solutions/\S+\.py)", "\n".join(cells))
+    cells += [(path.parent / s).read_text() for s in solutions]
+    return "\n".join(cells)
 
 
 def test_there_are_notebooks():
@@ -51,11 +57,40 @@ def test_notebook_uses_only_documented_public_api(path):
             assert (doc or "").strip(), f"KVStore.{method} has no docstring"
 
 
+def _with_solutions(nb) -> list[int]:
+    """Insert, after each exercise's check cell, the solution its answer cell
+    names (what ``%load`` would put there) and the check again; returns the
+    indices of the original checks and of the repeated ones."""
+    cells, first, again = [], [], []
+    solution = None
+    for cell in nb.cells:
+        cells.append(cell)
+        tags = cell.metadata.get("tags", [])
+        if "exercise" in tags:
+            solution = re.search(r"%load (solutions/\S+\.py)", cell.source).group(1)
+        if "check" in tags:
+            first.append(len(cells) - 1)
+            source = (SOLUTIONS.parent / solution).read_text()
+            cells.append(nbformat.v4.new_code_cell(source))
+            cells.append(nbformat.v4.new_code_cell(cell.source))
+            again.append(len(cells) - 1)
+    nb.cells = cells
+    return first, again
+
+
+def _stdout(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path):
+    """Run top to bottom: no error, every exercise check says "not yet" on the
+    untouched exercise, and "correct" once the solution file ran in its place."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
+    first, again = _with_solutions(nb)
+    assert first, "no exercise check cell (tagged 'check')"
     client = NotebookClient(
         nb,
         timeout=120,  # per cell; every notebook is meant to finish in well under 60 s
@@ -69,3 +104,18 @@ def test_notebook_runs_top_to_bottom(path):
         o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
     ]
     assert not errors
+    for i in first:
+        assert re.match(r"exercise \d: not yet", _stdout(nb.cells[i])), _stdout(nb.cells[i])
+    for i in again:
+        assert re.match(r"exercise \d: correct", _stdout(nb.cells[i])), _stdout(nb.cells[i])
+
+
+def test_every_solution_belongs_to_an_exercise():
+    named = set()
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if "exercise" in cell.metadata.get("tags", []):
+                named |= set(re.findall(r"%load (solutions/\S+\.py)", cell.source))
+    files = {f"solutions/{p.name}" for p in SOLUTIONS.glob("*.py")}
+    assert named == files

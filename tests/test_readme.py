@@ -20,9 +20,31 @@ def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "states.npz").exists()
 
 
-def test_readme_opens_with_two_setup_commands_and_ci_runs_the_test_one():
+def setup_commands() -> list[str]:
     setup = README.split("## Set up", 1)[1]
-    commands = re.search(r"```bash\n(.*?)```", setup, flags=re.S).group(1).strip().splitlines()
+    return re.search(r"```bash\n(.*?)```", setup, flags=re.S).group(1).strip().splitlines()
+
+
+def test_readme_opens_with_two_setup_commands_and_ci_runs_the_test_one():
+    commands = setup_commands()
     assert len(commands) == 2
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     assert ci[-1] == commands[1]
+
+
+def test_setup_commands_install_into_a_virtual_environment():
+    # A Debian/Ubuntu system Python refuses pip install (externally-managed-environment).
+    for command in setup_commands():
+        steps = [step.strip() for step in command.split("&&")]
+        assert steps[0] == "python3 -m venv .venv", command
+        assert all(step.startswith(".venv/bin/") for step in steps[1:]), command
+
+
+def test_the_lab_command_opens_the_first_notebook_with_the_repository_as_root():
+    lab = setup_commands()[0].split("&&")[-1].split()
+    assert lab[:2] == [".venv/bin/jupyter", "lab"]
+    # a notebook path as argument would root the server at notebooks/ (no docs/, no README)
+    assert not [arg for arg in lab[2:] if not arg.startswith("--")], lab
+    (url,) = [arg.split("=", 1)[1] for arg in lab if arg.startswith("--LabApp.default_url=")]
+    first = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))[0]
+    assert url == f"/lab/tree/{first.relative_to(ROOT)}"

@@ -121,7 +121,7 @@ def test_log_is_newest_first_filterable_and_bounded():
     assert {e.key for e in model.events(key="a", limit=100)} == {"a"}
     assert [e.op for e in model.events(key="a", op="pull")] == ["pull"]
     headers, rows = log_table(model, op="push", limit=5)
-    assert len(rows) == 5 and {r[2] for r in rows} == {"push"}
+    assert len(rows) == 5 and {r[1] for r in rows} == {"push"}
 
 
 def test_pending_events_stay_bounded_without_a_flush():
@@ -282,3 +282,40 @@ def test_reattach_to_a_new_store_forgets_the_old_one():
     assert list(mon.model.keys) == [2] and not kv1.events.active
     mon.close()
     assert not kv2.events.active
+
+
+def test_a_sliced_key_keeps_its_shape_and_is_read_from_its_servers():
+    model = MonitorModel()
+    model.on_event(Event(0, 1.0, "dist_sync", "init", "w", shape=(16,), dtype="float32"))
+    for server in (0, 1):  # each server reports the push of its own slice
+        model.on_event(
+            Event(0, 2.0, "dist_sync", "push", "w", server=server, shape=(8,), nbytes=32)
+        )
+    model.flush()
+    stats = model.keys["w"]
+    assert stats.shape == (16,) and stats.on_servers
+    assert model.take_server_changed(8) == ["w"] and model.take_server_changed(8) == []
+
+
+def test_the_log_is_in_time_order_whatever_the_arrival_order():
+    model = MonitorModel()
+    model.on_event(Event(5, 3.0, "dist_sync", "pull", "w"))  # the notebook's, at once
+    for seq, t in ((91, 1.0), (92, 2.0)):  # a server's batch, a moment later
+        model.on_event(Event(seq, t, "dist_sync", "round", "w", server=0))
+    model.flush()
+    assert [e.time for e in model.events()] == [3.0, 2.0, 1.0]
+
+
+def test_counted_calls_and_finished_rounds_mark_the_value_for_a_new_read():
+    model = MonitorModel()
+    model.on_event(Event(0, 1.0, "dist_sync", "init", "w", shape=(4,), dtype="float32"))
+    model.flush()
+    model.take_changed()
+    tally = {"tally": True}
+    model.on_event(Event(0, 2.0, "dist_sync", "update", "w", server=0, count=3, extra=tally))
+    model.flush()
+    assert model.take_changed() == {"w"}  # only counted, but the value changed
+    done = {"round": 4, "pushed": [0, 1], "missing": [], "num_workers": 2, "complete": True}
+    model.on_event(Event(1, 3.0, "dist_sync", "round", "w", server=0, extra=done))
+    model.flush()
+    assert model.take_changed() == {"w"}  # the round's update is applied now

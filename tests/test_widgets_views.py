@@ -137,6 +137,7 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
     kv, mon = watched
     _ = mon.widget
     d = mon._dashboard
+    assert d.plots.load_widget.layout.display == "none"  # no servers yet: no empty plot
     events = [_round("w", 0, 1, [0, 2], 3, t=time.time())]
     events += [
         Event(
@@ -171,6 +172,11 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
         "server 1 in",
         "server 1 out",
     ]
+    assert d.plots.load_widget.layout.display is None
+    assert d.plots.load_fig.title.text == "bytes in and out, cumulative (KiB)"
+    assert d.plots.load_source.data["ys"][2] == [4.0]  # 4096 bytes, in KiB
+    # the legend sits beside the plot area, not over the lines
+    assert d.plots.load_fig.legend[0] in d.plots.load_fig.right
     first = d.fanin.value
     assert wait_until(
         lambda: d.fanin.value != first, timeout=5.0
@@ -195,15 +201,24 @@ def test_display_again_close_and_reattach():
     mon = monitor(kv, hz=20)
     root = mon.widget
     assert mon.widget is root and mon._ticker.running
+    kv.init("w", np.zeros(2))
+    for _ in range(30):  # more than the bus details: the last picture counts them all
+        kv.push("w", np.ones(2))
     mon.close()
-    assert root.comm is None and not mon._ticker.running and not kv.events.active
+    # The dashboard stays on the page with its last picture, marked closed.
+    assert root.comm is not None and not mon._ticker.running and not kv.events.active
+    d = mon._dashboard
+    assert "(closed)" in d.header.value and "push 30" in d.header.value
+    assert "<td>w</td><td>2</td><td>30</td>" in d.keys.value
+    kv.push("w", np.ones(2))
     mon.close()  # idempotent
+    assert "push 30" in d.header.value  # nothing seen after close
     kv2 = labkv.create("local")
-    mon.attach(kv2)
-    root2 = mon.widget
-    assert root2 is not root and mon._ticker.running
+    mon.attach(kv2)  # watching again: the same dashboard, live
+    assert mon.widget is root and mon._ticker.running
     kv2.init("z", np.zeros(2))
     assert wait_until(lambda: "<td>z</td>" in mon._dashboard.keys.value, timeout=5.0)
+    assert "(closed)" not in mon._dashboard.header.value
     mon.attach(labkv.create("local"))  # moving on clears the tables
     assert wait_until(lambda: "no keys yet" in mon._dashboard.keys.value, timeout=5.0)
     mon.close()
@@ -225,3 +240,22 @@ def test_bokehjs_is_loaded_before_the_widget_is_shown(monkeypatch):
         mon.widget,
     ]
     mon.close()
+
+
+def test_compact_layout_constant_value_and_caption(watched):
+    from labkv.widgets._views import TAB_TITLES
+
+    kv, mon = watched
+    root = mon.widget
+    d = mon._dashboard
+    assert root.children[1] is d.header and d.tabs in root.children
+    assert d.tabs.titles == TAB_TITLES
+    kv.init("c", np.full((2, 3), 10.0))
+    assert wait_until(lambda: "min 10 max 10 mean 10" in d.value_caption.value, timeout=5.0)
+    # a constant shows as the palette's middle colour, with its value on the colour bar
+    plots = d.plots
+    assert plots.color_bar.visible and plots.mapper.low < 10.0 < plots.mapper.high
+    assert (plots.mapper.low + plots.mapper.high) / 2 == 10.0
+    # the caption is two lines that do not wrap
+    assert "</span> <br><span>min 10" in d.value_caption.value
+    assert "1 event · 1 key · init 1" in d.header.value

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import logging
 import os
 import threading
 from typing import Any
@@ -109,7 +110,8 @@ def connect(
 
     Embedded: worker processes on 127.0.0.1, one thread each (ranks run one per
     worker; servers are actors on the workers' event loops and need no thread),
-    dashboard on a free port, and glibc told to reuse big buffers (see
+    dashboard on a free port, Dask's logs shown from level ERROR (``silence_logs``), and
+    glibc told to reuse big buffers (see
     ``_MALLOC_ENV``; configure ``distributed.nanny.pre-spawn-environ`` to
     override); ``kw`` go to ``LocalCluster``. Attached: ``kw`` go to ``Client``. ``set_as_default=False`` keeps the client from becoming
     Dask's default scheduler (dask.array ``compute()`` then stays local). In a script that starts a cluster, call this under
@@ -135,6 +137,11 @@ def connect(
             "processes": True,
             "host": "127.0.0.1",
             "dashboard_address": ":0",
+            # Dask's warnings about its own routine (a nanny restarting a worker, the
+            # scheduler removing one) land in the notebook under whichever cell runs;
+            # labkv raises the error that matters at the call it breaks (a lost server,
+            # a failed rank), so the embedded cluster only shows errors.
+            "silence_logs": logging.ERROR,
             **kw,
         }
         if security is not None:

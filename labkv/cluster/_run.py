@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -61,6 +62,7 @@ def _rank_main(
     """The task of one rank: build its store, run ``fn``, wait for its pushes.
     With ``detail`` (the notebook's subscribers' ``(detail_interval,
     detail_burst)``), the rank's events go to the store's topic meanwhile."""
+    _quiet_rank_failures()
     kv = DistStore(spec, servers, rank, num_workers, owner=owner)
     stop_stream = _stream_events(kv, *detail) if detail is not None else None
     try:
@@ -72,6 +74,26 @@ def _rank_main(
             with contextlib.suppress(Exception):
                 stop_stream()
     return result, kv._event_barrier.generation
+
+
+_RANK_KEY = "labkv-rank-"  # the Dask key of every rank task starts with it
+
+
+class _RankFailureFilter(logging.Filter):
+    """Drops the worker's "Compute Failed" record of a rank task: ``run`` raises that
+    error in the caller, naming the rank; Dask's record would print it again, as an
+    escaped one-line traceback, under whichever notebook cell is running."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not (msg.startswith("Compute Failed") and _RANK_KEY in str(record.args))
+
+
+def _quiet_rank_failures() -> None:
+    """Install :class:`_RankFailureFilter` on this worker's logger, once."""
+    logger = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _RankFailureFilter) for f in logger.filters):
+        logger.addFilter(_RankFailureFilter())
 
 
 def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> Callable[[], None]:
@@ -255,7 +277,7 @@ def run(
             tuple(args),
             kwargs,
             detail,
-            key=f"labkv-rank-{group}-{rank}",
+            key=f"{_RANK_KEY}{group}-{rank}",
             workers=[rank_workers[rank]],
             allow_other_workers=False,
             pure=False,

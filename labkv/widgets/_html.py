@@ -18,11 +18,12 @@ _CELL_CLASS = {"MISSING": "labkv-missing", "pushed": "labkv-pushed"}
 
 STYLE = """<style>
 .labkv-table { border-collapse: collapse; font: 12px monospace; }
-.labkv-table th, .labkv-table td { border: 1px solid #ccc; padding: 1px 6px; text-align: left; }
+.labkv-table th, .labkv-table td { border: 1px solid #ccc; padding: 1px 6px; text-align: left; white-space: nowrap; }
 .labkv-table th { background: #f0f0f0; }
 .labkv-missing { background: #f8c8c8; font-weight: bold; }
 .labkv-pushed { background: #c8f0c8; }
 .labkv-empty { color: #888; font: 12px sans-serif; }
+.labkv-value-caption span, .labkv-header { white-space: nowrap; }
 </style>"""
 
 

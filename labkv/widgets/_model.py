@@ -23,6 +23,7 @@ memory stays bounded with no front end).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -59,6 +60,9 @@ class KeyStats:
     last_op: str = ""
     last_change: float = 0.0
     has_updater: bool = False
+    #: held by servers: events carry what was pushed, not what is stored, so the
+    #: value summary is read from the servers after they change it
+    on_servers: bool = False
 
 
 @dataclass
@@ -145,6 +149,9 @@ class MonitorModel:
             self.fanin: dict[Key, FanIn] = {}
             self.servers: dict[Any, ServerLoad] = {}
             self.changed: set[Key] = set()
+            self.server_changed: set[Key] = set()
+            #: detailed updater calls folded (the rest of ``updates`` were only counted)
+            self.updates_detailed = 0
             self.dropped_keys = 0
             self.events_seen = 0
             self.last_time = 0.0
@@ -214,6 +221,9 @@ class MonitorModel:
             if e.key is not None:
                 fan = self.fanin.get(e.key) or self.fanin.setdefault(e.key, FanIn(e.key))
                 fan.per_server[e.server] = (e.time, dict(e.extra))
+                if e.extra.get("complete") and e.key in self.keys:
+                    self.changed.add(e.key)  # the round's update is applied
+                    self.server_changed.add(e.key)
             return
         if e.server is not None and op in ("push", "pull"):
             self._fold_traffic(e)
@@ -229,8 +239,11 @@ class MonitorModel:
                 self.dropped_keys += 1
                 return
             stats = self.keys[e.key] = KeyStats(e.key)
-        if e.shape:
+        if e.shape and e.server is None:  # a server's event may be of one slice
             stats.shape, stats.dtype = e.shape, e.dtype or stats.dtype
+        if e.server is not None and op in CHANGING_OPS:
+            stats.on_servers = True
+            self.server_changed.add(e.key)
         if tally:
             self._fold_tally(stats, e)
             return
@@ -244,7 +257,7 @@ class MonitorModel:
         elif op == "pull":
             stats.pulls += count
             stats.bytes_out += e.nbytes
-            if e.summary is not None and e.server is None:
+            if e.summary is not None and e.server is None and not stats.on_servers:
                 stats.value = e.summary
         elif op == "init":
             stats.inits += 1
@@ -252,8 +265,10 @@ class MonitorModel:
         elif op in UPDATER_OPS:
             stats.updates += count
             stats.has_updater = True
-            stats.value = e.after
+            if not stats.on_servers:
+                stats.value = e.after
             self.trace.append(e)
+            self.updates_detailed += 1
         if op in CHANGING_OPS:
             stats.last_op, stats.last_change = op, e.time
             self.changed.add(e.key)
@@ -268,10 +283,11 @@ class MonitorModel:
             stats.bytes_out += e.nbytes
         elif e.op in UPDATER_OPS:
             stats.updates += e.count
-        if e.summary is not None:
+        if e.summary is not None and not stats.on_servers:
             stats.value = e.summary
         if e.op in CHANGING_OPS:
             stats.last_op, stats.last_change = e.op, e.time
+            self.changed.add(stats.key)
 
     def _server(self, server: Any) -> ServerLoad:
         load = self.servers.get(server)
@@ -306,7 +322,8 @@ class MonitorModel:
 
     # -- queries (call flush() first) ------------------------------------------
     def events(self, key: Any = None, op: str | None = None, limit: int = 50) -> list[Event]:
-        """Logged events, newest first, optionally only one key and/or one op.
+        """Logged events, newest first by their time (whichever process sent them),
+        optionally only one key and/or one op.
 
         >>> model = MonitorModel()
         >>> for i, op in enumerate(["init", "push", "pull"]):
@@ -315,16 +332,32 @@ class MonitorModel:
         >>> [e.op for e in model.events(op="push")], [e.seq for e in model.events()]
         (['push'], [2, 1, 0])
         """
-        out: list[Event] = []
         if limit <= 0:
-            return out
+            return []
         with self.lock:
-            for e in reversed(self.log):
-                if (key is None or e.key == key) and (op is None or e.op == op):
-                    out.append(e)
-                    if len(out) >= limit:
-                        break
-        return out
+            # reversed: of events with the same time, the newest arrival comes first
+            log = reversed(self.log)
+            found = [e for e in log if (key is None or e.key == key) and (op is None or e.op == op)]
+        # Servers' and ranks' events arrive in batches, after the notebook's own:
+        # the log is in arrival order, the view in the order things happened.
+        found.sort(key=lambda e: e.time, reverse=True)
+        return found[:limit]
+
+    def take_server_changed(self, limit: int) -> list[Key]:
+        """Up to ``limit`` keys whose value servers changed since their last read
+        (and forget those); the rest wait for the next call."""
+        with self.lock:
+            keys = list(itertools.islice(self.server_changed, limit))
+            self.server_changed.difference_update(keys)
+        return keys
+
+    def set_value(self, key: Key, summary: Summary) -> None:
+        """The value summary of ``key`` as read from the store."""
+        with self.lock:
+            stats = self.keys.get(key)
+            if stats is not None and stats.value != summary:
+                stats.value = summary
+                self.version += 1
 
     def take_changed(self) -> set[Key]:
         """Keys whose value may have changed since the last call (and forget them)."""

@@ -17,11 +17,13 @@ key  shape  push  pull  updater  in    out  min  max  mean  norm   last change  
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
 import numpy as np
 
+from ..events import summarize
 from ._model import MonitorModel
 from ._text import summary as text_summary
 from ._throttle import Ticker
@@ -37,6 +39,8 @@ _bokehjs_loaded = False
 #: arrive in detail, a busy training loop's are mostly counted (exact counts, little work)
 DETAIL_INTERVAL = 0.1
 DETAIL_BURST = 4
+#: keys whose value a refresh reads from the servers, at most
+SERVER_READS = 8
 
 
 def _load_bokehjs() -> None:
@@ -122,14 +126,24 @@ class Monitor:
         return self
 
     def close(self) -> None:
-        """Stop watching, stop the refresh thread and close the widgets (idempotent)."""
-        self._unsubscribe()
+        """Stop watching and stop the refresh thread (idempotent).
+
+        A displayed dashboard stays where it is, showing everything seen up to
+        now, its header marked closed: a notebook that ends its monitor in its
+        last cell still shows what happened after Run All. (Closing the widgets
+        would take that picture away, and the page's plots would go on sending
+        messages to widgets the kernel no longer has.) ``attach`` watches again.
+        """
         self._ticker.stop()
+        if self._sub is not None:
+            # The last picture includes the calls the bus has only counted so far;
+            # a store that is already closed keeps the picture of its last refresh.
+            with contextlib.suppress(Exception):
+                self.refresh()
+        self._unsubscribe()
         self.closed = True
-        with self._refresh_lock:
-            dashboard, self._dashboard = self._dashboard, None
-        if dashboard is not None:
-            dashboard.close()
+        with contextlib.suppress(Exception):
+            self.refresh()  # the header says closed
 
     def _flush_bus(self) -> None:
         """Have the store's bus deliver the calls it only tallied so far."""
@@ -159,9 +173,22 @@ class Monitor:
         model, and re-read the placement when keys were added."""
         self._flush_bus()
         self.model.flush()
+        self._read_server_values()
         if len(self.model.keys) != self._placement_keys:
             self._placement_keys = len(self.model.keys)
             self._placement = self._read_placement()
+
+    def _read_server_values(self) -> None:
+        """Summaries of values that servers changed, read from the servers. Their
+        events tell what was pushed (and the ranks' what they pulled, a batch
+        later), not what is stored now; at most SERVER_READS keys per refresh."""
+        model = self.model
+        for key in model.take_server_changed(SERVER_READS):
+            try:
+                value = read_quietly(self.kv, key, model.quiet)
+            except Exception:  # e.g. a server lost: the store's next call says so
+                continue
+            model.set_value(key, summarize(value))
 
     def _read_placement(self) -> dict[Any, Any]:
         try:
@@ -229,10 +256,18 @@ class Monitor:
             with self._refresh_lock:
                 self._value = ValueState()
                 self._dashboard = Dashboard(rows=self._rows)
+                self._dashboard.tabs.observe(self._tab_shown, names="selected_index")
             self.refresh()
         if not self.closed:
             self._ticker.start()
         return self._dashboard.root
+
+    def _tab_shown(self, _change: Any) -> None:
+        # A plot changed while its tab was hidden is stale in the page: draw it again
+        # (under the refresh lock: bokeh documents take changes from one thread at a time).
+        with self._refresh_lock:
+            if self._dashboard is not None:
+                self._dashboard.plots.redraw()
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

@@ -36,6 +36,7 @@ __all__ = [
     "log_row",
     "log_table",
     "servers_table",
+    "trace_note",
     "trace_row",
     "trace_table",
 ]
@@ -150,9 +151,11 @@ def log_table(
     limit: int = 30,
     cache: EventRows | None = None,
 ) -> Table:
-    """The newest logged events first, optionally one key and/or one op;
+    """The newest logged events first (by time), optionally one key and/or one op;
     ``cache``: an :class:`EventRows` of :func:`log_row` that a live view keeps."""
-    headers = ["seq", "time", "op", "key", "rank", "where", "shape", "bytes", "value"]
+    # No sequence numbers: each process numbers its own events, so servers' and
+    # ranks' numbers side by side would read as out of order; the time is one clock.
+    headers = ["time", "op", "key", "rank", "where", "shape", "bytes", "value"]
     events = model.events(key, op, limit)
     return headers, (cache or EventRows(log_row)).rows(events)
 
@@ -160,7 +163,6 @@ def log_table(
 def log_row(e: Event) -> list[str]:
     """One event's row of :func:`log_table`."""
     return [
-        str(e.seq),
         fmt_time(e.time),
         e.op,
         fmt_key(e.key),
@@ -221,19 +223,36 @@ def reads_as(e: Event) -> str:
 
 
 def trace_table(model: MonitorModel, limit: int = 20, cache: EventRows | None = None) -> Table:
-    """Updater and optimizer calls, newest first: merged input, stored before -> after;
+    """Updater and optimizer calls, newest first (by time): merged input, stored
+    before -> after;
     ``cache``: an :class:`EventRows` of :func:`trace_row` that a live view keeps."""
-    headers = ["seq", "key", "op", "input mean (min..max)", "stored before", "stored after"]
+    headers = ["time", "key", "op", "input mean (min..max)", "stored before", "stored after"]
     headers += ["on the mean"]
     with model.lock:
-        events = list(model.trace)[::-1][:limit]
+        events = sorted(reversed(model.trace), key=lambda e: e.time, reverse=True)[:limit]
     return headers, (cache or EventRows(trace_row)).rows(events)
+
+
+def trace_note(model: MonitorModel, shown: int) -> str:
+    """How many of the updater calls a trace of ``shown`` rows shows: under load
+    most calls are only counted, and the rows are a sample.
+
+    >>> trace_note(MonitorModel(), 0)
+    'no calls'
+    """
+    with model.lock:
+        total = sum(s.updates for s in model.keys.values())
+    if not total:
+        return "no calls"
+    if shown >= total:
+        return f"all {total} calls shown"
+    return f"{shown} of {total} calls shown; the others were counted, not sampled"
 
 
 def trace_row(e: Event) -> list[str]:
     """One updater call's row of :func:`trace_table`."""
     return [
-        str(e.seq),
+        fmt_time(e.time),
         fmt_key(e.key),
         e.op if e.op == "update" else f"{e.op} {e.extra.get('optimizer', '')}".strip(),
         fmt_summary(e.summary),

@@ -12,7 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from ._model import MonitorModel
-from ._tables import fanin_table, keys_table, log_table, servers_table, trace_table
+from ._tables import (
+    fanin_table,
+    keys_table,
+    log_table,
+    servers_table,
+    trace_note,
+    trace_table,
+)
 
 __all__ = ["render_table", "summary"]
 
@@ -36,10 +43,11 @@ def summary(
         counts = ", ".join(f"{op} {n}" for op, n in sorted(model.counts.items()))
         total = model.events_seen
     parts = [f"labkv monitor {store}: {total} events" + (f" ({counts})" if counts else "")]
+    trace = trace_table(model, limit=events)
     sections = [
         ("keys", keys_table(model, placement)),
         (f"last {events} events (newest first)", log_table(model, limit=events)),
-        ("updater calls (newest first)", trace_table(model, limit=events)),
+        (f"updater calls (newest first): {trace_note(model, len(trace[1]))}", trace),
         ("fan-in of the current round", fanin_table(model)),
         ("server load", servers_table(model)),
     ]

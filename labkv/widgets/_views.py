@@ -29,11 +29,12 @@ from ._tables import (
     log_row,
     log_table,
     servers_table,
+    trace_note,
     trace_row,
     trace_table,
 )
 
-__all__ = ["Dashboard", "ValueState"]
+__all__ = ["TAB_TITLES", "Dashboard", "ValueState"]
 
 _OPS = ["init", "push", "pull", "update", "optimizer", "round"]
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
@@ -62,6 +63,10 @@ def _set(widget: W.Widget, **traits: Any) -> bool:
     return True
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def _html(css: str) -> W.HTML:
     widget = W.HTML()
     widget.add_class(css)
@@ -69,7 +74,18 @@ def _html(css: str) -> W.HTML:
 
 
 def _section(title: str, *children: W.Widget) -> W.VBox:
-    return W.VBox([W.HTML(f"<b>{esc(title)}</b>"), *children], layout=W.Layout(margin="4px 8px"))
+    # flex none: a wide table beside a section scrolls the pane, never squeezes the plot
+    layout = W.Layout(margin="4px 8px", flex="none")
+    return W.VBox([W.HTML(f"<b>{esc(title)}</b>"), *children], layout=layout)
+
+
+#: the dashboard's tabs, in order
+TAB_TITLES = ("keys", "value & updates", "servers & rounds", "events")
+PANE_HEIGHT = "360px"
+
+
+def _pane(child: W.Widget) -> W.Box:
+    return W.Box([child], layout=W.Layout(max_height=PANE_HEIGHT, overflow="auto"))
 
 
 @functools.cache
@@ -90,6 +106,35 @@ def _bokeh_widget_class() -> type:
     return BokehWidget
 
 
+def _byte_unit(largest: float) -> tuple[str, int]:
+    """The binary unit that shows ``largest`` bytes as a number below 1024.
+
+    >>> _byte_unit(300_000), _byte_unit(10)
+    (('KiB', 1024), ('B', 1))
+    """
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB")):
+        if largest < 1024 ** (power + 1) or unit == "GiB":
+            return unit, 1024**power
+    return "B", 1  # unreachable
+
+
+def _color_range(picture: np.ndarray) -> tuple[float, float]:
+    """The colour mapper's range: the data's, widened around a constant value so
+    that it shows as the middle colour, with its number on the colour bar.
+
+    >>> _color_range(np.full((2, 3), 10.0)), _color_range(np.arange(3.0))
+    ((9.0, 11.0), (0.0, 2.0))
+    """
+    finite = picture[np.isfinite(picture)]
+    if not finite.size:
+        return 0.0, 1.0
+    low, high = float(finite.min()), float(finite.max())
+    if low == high:
+        pad = abs(low) * 0.1 or 1.0
+        return low - pad, high + pad
+    return low, high
+
+
 class _Plots:
     """The bokeh figures (value heatmap/line, server bytes over time), or a note
     when bokeh or jupyter_bokeh is not installed."""
@@ -97,7 +142,7 @@ class _Plots:
     def __init__(self) -> None:
         self._load_seen: list | None = None
         try:
-            from bokeh.models import ColumnDataSource, LinearColorMapper
+            from bokeh.models import ColorBar, ColumnDataSource, LinearColorMapper
             from bokeh.palettes import Viridis256
             from bokeh.plotting import figure
 
@@ -112,35 +157,62 @@ class _Plots:
             data={"image": [np.zeros((1, 1))], "dw": [1], "dh": [1]}
         )
         self.line_source = ColumnDataSource(data={"x": [], "y": []})
-        fig = figure(height=240, width=420, tools="reset,save", toolbar_location="right")
+        fig = figure(height=200, width=400, tools="reset,save", toolbar_location="right")
         fig.x_range.only_visible = fig.y_range.only_visible = True
-        mapper = LinearColorMapper(palette=Viridis256)
+        self.mapper = LinearColorMapper(palette=Viridis256, low=0, high=1)
         self.image = fig.image(
-            "image", x=0, y=0, dw="dw", dh="dh", source=self.image_source, color_mapper=mapper
+            "image", x=0, y=0, dw="dw", dh="dh", source=self.image_source, color_mapper=self.mapper
         )
+        self.color_bar = ColorBar(color_mapper=self.mapper, width=10, title="value")
+        fig.add_layout(self.color_bar, "right")
         self.line = fig.line("x", "y", source=self.line_source, line_width=2)
         self.line.visible = False
         self.value_fig = fig
         self.load_source = ColumnDataSource(data={"xs": [], "ys": [], "color": [], "label": []})
         load = figure(
-            height=200, width=420, tools="reset,save", x_axis_label="s", y_axis_label="bytes"
+            height=190,
+            width=460,
+            tools="reset,save",
+            toolbar_location="right",
+            x_axis_label="time (s)",
+            y_axis_label="bytes",
+            title="bytes in and out, cumulative",
         )
         load.multi_line("xs", "ys", color="color", legend_field="label", source=self.load_source)
-        load.legend.location = "top_left"
+        load.add_layout(load.legend[0], "right")  # beside the lines, never over them
+        self.load_fig = load
         self.value_widget = BokehModel(fig)
         self.load_widget = BokehModel(load)
+        self.load_widget.layout.display = "none"  # until a server reports: no empty box
 
     def show_value(self, picture: np.ndarray, title: str) -> None:
         if not self.available:
             return
-        self.value_fig.title.text = title
         if picture.ndim == 1:
+            self.value_fig.title.text = f"{title}: value by position"
             self.line_source.data = {"x": np.arange(picture.size), "y": picture}
             self.image.visible, self.line.visible = False, True
+            self.color_bar.visible = False
         else:
+            # the title, not axis labels: BokehJS redraws a changed title, not a label
+            self.value_fig.title.text = f"{title}: rows x columns, colour = value"
             rows, cols = picture.shape
+            self.mapper.low, self.mapper.high = _color_range(picture)
             self.image_source.data = {"image": [picture], "dw": [cols], "dh": [rows]}
             self.image.visible, self.line.visible = True, False
+            self.color_bar.visible = True
+
+    def redraw(self) -> None:
+        """Send the plots again. BokehJS lays out and paints a plot only while it is
+        visible: one that changed in a hidden tab shows stale parts (old data, no
+        colour bar) until it is drawn again, e.g. when its tab is shown."""
+        if not self.available:
+            return
+        for source in (self.image_source, self.line_source, self.load_source):
+            source.data = dict(source.data)
+        shown = self.color_bar.visible
+        self.color_bar.visible = not shown  # a layout change: the bar is laid out anew
+        self.color_bar.visible = shown
 
     def show_load(self, model: MonitorModel) -> None:
         if not self.available:
@@ -153,13 +225,19 @@ class _Plots:
         if seen == self._load_seen:
             return
         self._load_seen = seen
-        t0 = min((h[0][0] for _, h in series if h), default=0.0)
+        if not any(h for _, h in series):
+            return
+        self.load_widget.layout.display = None
+        t0 = min(h[0][0] for _, h in series if h)
+        largest = max(max(b_in, b_out) for _, h in series for _, b_in, b_out in h)
+        unit, scale = _byte_unit(largest)
+        self.load_fig.title.text = f"bytes in and out, cumulative ({unit})"
         data: dict[str, list] = {"xs": [], "ys": [], "color": [], "label": []}
         for i, (server, history) in enumerate(sorted(series, key=lambda x: str(x[0]))):
             xs = [t - t0 for t, _, _ in history]
             for j, (direction, column) in enumerate((("in", 1), ("out", 2))):
                 data["xs"].append(xs)
-                data["ys"].append([h[column] for h in history])
+                data["ys"].append([h[column] / scale for h in history])
                 data["color"].append(_PALETTE[(2 * i + j) % len(_PALETTE)])
                 data["label"].append(f"server {server} {direction}")
         self.load_source.data = data
@@ -180,6 +258,7 @@ class Dashboard:
         )
         self.log = _html("labkv-log-view")
         self.trace = _html("labkv-trace-view")
+        self.trace_note = _html("labkv-trace-note")
         self.value_key = W.Dropdown(
             options=[("(first key)", None)], index=0, description="value of"
         )
@@ -192,6 +271,7 @@ class Dashboard:
         self._filters_dirty = True
         self._known_keys: list[Any] = []
         self._version = -1
+        self._closed = False
         self._value_version = -1
         # While a store is busy every tick redraws its tables, mostly with last tick's
         # rows: these keep the rows made and drawn, so only new ones cost anything.
@@ -199,30 +279,39 @@ class Dashboard:
         self._drawn: dict[str, dict] = {
             name: {} for name in ("keys", "trace", "servers", "log", "fanin")
         }
-        self.root = W.VBox(
-            [
-                W.HTML(STYLE),
-                self.header,
-                _section("keys", self.keys),
-                W.HBox(
-                    [
-                        _section(
-                            "value", self.value_key, self.plots.value_widget, self.value_caption
-                        ),
-                        _section("updater calls (newest first)", self.trace),
-                    ]
+        # Compact: the one-line header always, the sections as tabs below it, each
+        # at most PANE_HEIGHT tall (scrolling inside), so the monitor stays on screen
+        # while later cells run.
+        self.tabs = W.Tab(
+            children=[
+                _pane(_section("keys", self.keys)),
+                _pane(
+                    W.HBox(
+                        [
+                            _section(
+                                "value", self.value_key, self.plots.value_widget, self.value_caption
+                            ),
+                            _section("updater calls (newest first)", self.trace_note, self.trace),
+                        ]
+                    )
                 ),
-                W.HBox(
-                    [
-                        _section("fan-in (dist_sync round)", self.fanin),
-                        _section("server load", self.servers, self.plots.load_widget),
-                    ]
+                _pane(
+                    W.HBox(
+                        [
+                            _section("fan-in (dist_sync round)", self.fanin),
+                            _section("server load", self.servers, self.plots.load_widget),
+                        ]
+                    )
                 ),
-                _section(
-                    "events (newest first)", W.HBox([self.key_filter, self.op_filter]), self.log
+                _pane(
+                    _section(
+                        "events (newest first)", W.HBox([self.key_filter, self.op_filter]), self.log
+                    )
                 ),
-            ]
+            ],
+            titles=TAB_TITLES,
         )
+        self.root = W.VBox([W.HTML(STYLE), self.header, self.tabs])
         self.root.add_class("labkv-monitor")
 
     def _filters_changed(self, _change: Any) -> None:
@@ -237,8 +326,8 @@ class Dashboard:
         closed: bool = False,
     ) -> None:
         """Re-render what changed since the last call."""
-        changed = model.version != self._version
-        self._version = model.version
+        changed = model.version != self._version or closed != self._closed
+        self._version, self._closed = model.version, closed
         if changed:
             with model.lock:
                 counts = " · ".join(f"{esc(op)} {n}" for op, n in sorted(model.counts.items()))
@@ -246,9 +335,10 @@ class Dashboard:
                 total, dropped = model.events_seen, model.dropped_keys
             state = " (closed)" if closed else ""
             extra = f" · {dropped} events of untracked keys" if dropped else ""
+            summary = f"{_count(total, 'event')} · {_count(len(keys), 'key')} · {counts}{extra}"
             _set(
                 self.header,
-                value=f"<b>labkv monitor</b> {esc(title)}{state}: {total} events · {counts}{extra}",
+                value=f"<b>labkv monitor</b> {esc(title)}{state}: {summary}",
             )
             _set(
                 self.keys,
@@ -256,15 +346,15 @@ class Dashboard:
                     *keys_table(model, placement), "labkv-keys", "no keys yet", self._drawn["keys"]
                 ),
             )
+            trace = trace_table(model, self.trace_rows, self._trace_made)
             _set(
                 self.trace,
                 value=table_html(
-                    *trace_table(model, self.trace_rows, self._trace_made),
-                    "labkv-trace",
-                    "no updater calls yet",
-                    self._drawn["trace"],
+                    *trace, "labkv-trace", "no updater calls yet", self._drawn["trace"]
                 ),
             )
+            note = trace_note(model, len(trace[1])) if trace[1] else ""
+            _set(self.trace_note, value=f'<span class="labkv-empty">{esc(note)}</span>')
             _set(
                 self.servers,
                 value=table_html(
@@ -304,12 +394,16 @@ class Dashboard:
             return
         shape = fmt_shape(value.shape)
         shown = fmt_shape(pic.shape)
-        caption = (
-            f"key {fmt_key(value.key)}: {shape} {value.dtype}, shown {shown}; "
+        what = f"key {fmt_key(value.key)}: {shape} {value.dtype}, shown {shown}"
+        numbers = (
             f"min {fmt_num(float(np.nanmin(pic)))} max {fmt_num(float(np.nanmax(pic)))} "
             f"mean {fmt_num(float(np.nanmean(pic)))}"
         )
-        _set(self.value_caption, value=f"<span>{esc(caption)}</span>")
+        # two lines that never wrap: a number alone on a line reads as a value
+        _set(
+            self.value_caption,
+            value=f"<span>{esc(what)}</span> <br><span>{esc(numbers)}</span>",
+        )
         self.plots.show_value(pic, f"key {fmt_key(value.key)}")
 
     @staticmethod
@@ -323,15 +417,3 @@ class Dashboard:
                 widget.value = current
             else:
                 widget.index = 0
-
-    def close(self) -> None:
-        """Close every widget of the dashboard (front-end views disappear)."""
-        for child in self.root.children:
-            _close_tree(child)
-        self.root.close()
-
-
-def _close_tree(widget: W.Widget) -> None:
-    for child in getattr(widget, "children", ()):
-        _close_tree(child)
-    widget.close()

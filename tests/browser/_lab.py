@@ -38,6 +38,28 @@ KERNEL_IDLE = """() => {
 # Does not return the command's promise: page.evaluate would wait for every cell.
 RUN_ALL = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
 
+# The entries of JupyterLab's log console (every logger: one per notebook), as
+# ``{source, level, text}``. The console's loggers live in the logconsole plugin's
+# service; JupyterLab logs there every kernel message no cell claims, e.g. the
+# kernel's stderr while it answers a widget's message (``No such comm``).
+LOG_ENTRIES = """async () => {
+  const app = window.jupyterapp;
+  const data = app.pluginRegistry._plugins.get('@jupyterlab/logconsole-extension:plugin');
+  const registry = data.service || await app.resolveRequiredService(data.provides);
+  const entries = [];
+  for (const logger of registry.getLoggers()) {
+    const model = logger.outputAreaModel;
+    for (let i = 0; i < model.length; i++) {
+      const item = model.get(i);
+      const json = item.toJSON();
+      let text = json.text || json.evalue || '';
+      if (!text && json.data) text = json.data['text/plain'] || JSON.stringify(json.data).slice(0, 500);
+      entries.push({source: logger.source, level: item.level, text: String(text)});
+    }
+  }
+  return entries;
+}"""
+
 
 def _user_setting(root: Path, plugin: str, value: dict) -> None:
     path = root / ".settings" / "@jupyterlab" / plugin
@@ -45,10 +67,18 @@ def _user_setting(root: Path, plugin: str, value: dict) -> None:
     path.write_text(json.dumps(value))
 
 
-def start_lab(root: Path, token: str, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
-    """Start ``jupyter lab`` serving ``root``; returns the process and its base URL."""
+def start_lab(
+    root: Path,
+    token: str,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+) -> tuple[subprocess.Popen, str]:
+    """Start ``jupyter lab`` serving ``root``; returns the process and its base URL.
+    ``env`` adds variables for the server and its kernels, ``args`` options."""
     env = dict(
         os.environ,
+        **(env or {}),
         JUPYTER_CONFIG_DIR=str(root / ".cfg"),
         JUPYTER_RUNTIME_DIR=str(root / ".rt"),
         IPYTHONDIR=str(root / ".ipython"),
@@ -60,6 +90,8 @@ def start_lab(root: Path, token: str, timeout: float = 60.0) -> tuple[subprocess
         "apputils-extension/notification.jupyterlab-settings",
         {"fetchNews": "false", "checkForUpdates": False},
     )
+    # The test serves copies, but an autosave must never write outputs into a notebook.
+    _user_setting(root, "docmanager-extension/plugin.jupyterlab-settings", {"autosave": False})
     cmd = [
         sys.executable,
         "-m",
@@ -76,6 +108,7 @@ def start_lab(root: Path, token: str, timeout: float = 60.0) -> tuple[subprocess
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         f"--LabApp.user_settings_dir={root / '.settings'}",
         f"--LabApp.workspaces_dir={root / '.ws'}",
+        *args,
     ]
     log = open(root / "jupyter.log", "w")  # noqa: SIM115 (lives as long as the server)
     proc = subprocess.Popen(

@@ -1,0 +1,264 @@
+"""The course as a student meets it: every notebook, "Run All Cells" in JupyterLab
+(real server, real kernels, Debian's chromium through Playwright).
+
+One JupyterLab serves copies of ``notebooks/``, ``docs/`` and the README (rooted
+as the README's command roots it); each notebook runs in its own kernel, which is
+shut down before the next one starts. After Run All, for each notebook:
+
+- every code cell ran, and no cell shows an error or stderr output, except cells
+  tagged ``raises-exception`` (the ones a notebook means to show);
+- where the notebook shows a monitor, it is still on the page with its keys
+  table filled (ending a monitor leaves its last picture);
+- JupyterLab's log console holds no warning or error (e.g. ``No such comm``);
+- every exercise check (cells tagged ``check``) reports ``not yet``: nothing
+  solved the exercise for the student;
+- the monitor is compact (each of its tabs under 480 px) and its value plot is
+  drawn when its tab is shown.
+
+Screenshots of each notebook's monitor (the keys tab, and each tab), of its page,
+and a JSON report (cells, log entries, run time) go to ``artifacts/screenshots/``
+(``LABKV_ARTIFACTS`` moves it), a CI artifact.
+Locally the test skips without chromium or playwright; under ``CI`` it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.browser._lab import (
+    CHROME_ARGS,
+    CHROMIUM,
+    KERNEL_IDLE,
+    LOG_ENTRIES,
+    RUN_ALL,
+    start_lab,
+    stop_lab,
+)
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
+ARTIFACTS = Path(os.environ.get("LABKV_ARTIFACTS", REPO / "artifacts")) / "screenshots"
+RUN_TIMEOUT_S = 240  # per notebook; each takes 3-30 s here
+
+# Run All is over when the kernel is idle, no cell waits, and the last code cell
+# ran (or a cell failed, which stops Run All).
+DONE = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext.session && w.sessionContext.session.kernel;
+  if (!k || k.status !== 'idle') return false;
+  const cells = w.content.widgets.filter(c => c.model.type === 'code');
+  if (cells.some(c => c.model.executionState === 'running' || (c.promptNode && c.promptNode.textContent.includes('*')))) return false;
+  const last = cells[cells.length - 1];
+  const failed = cells.some(c => c.model.outputs.toJSON().some(o => o.output_type === 'error'));
+  return failed || (last && last.model.executionCount !== null);
+}"""
+
+# Every code cell of the open notebook: tags, execution count and outputs.
+CELLS = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  return w.content.widgets.map((c, i) => ({index: i, type: c.model.type,
+    tags: c.model.getMetadata('tags') || [],
+    count: c.model.type === 'code' ? c.model.executionCount : null,
+    source: c.model.sharedModel.getSource().slice(0, 80),
+    outputs: c.model.type === 'code' ? c.model.outputs.toJSON() : []}));
+}"""
+
+# The monitor on the page: shown, and its keys table's rows.
+MONITOR = """() => {
+  const roots = [...document.querySelectorAll('.labkv-monitor')];
+  const shown = roots.filter(r => r.offsetParent !== null && r.getBoundingClientRect().height > 0);
+  const keys = shown.length ? shown[0].querySelectorAll('.labkv-keys tbody tr').length : 0;
+  const errors = document.querySelectorAll('.jupyter-widgets-error-widget').length;
+  return {roots: roots.length, shown: shown.length, keys, errors};
+}"""
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} not found: apt-get install -y chromium"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "python package playwright not installed: pip install -e '.[test]'"
+    return None
+
+
+def _text(output: dict) -> str:
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    if output.get("output_type") == "error":
+        return f"{output.get('ename')}: {output.get('evalue')}"
+    return str(output.get("data", {}).get("text/plain", ""))
+
+
+def _shows_monitor(path: Path) -> bool:
+    nb = nbformat.read(path, as_version=4)
+    return any("monitor(" in c.source for c in nb.cells if c.cell_type == "code")
+
+
+def _readme_lab_options() -> tuple[str, ...]:
+    """The options of the README's ``jupyter lab`` command (its set-up's first line)."""
+    setup = (REPO / "README.md").read_text().split("## Set up", 1)[1]
+    first = re.search(r"```bash\n(.*?)\n", setup).group(1)
+    lab = first.split("&&")[-1].split()
+    return tuple(arg for arg in lab if arg.startswith("--"))
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """One JupyterLab over a copy of the repository's course, and one chromium."""
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"the browser test must run in CI: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path_factory.mktemp("course")
+    shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".*"))
+    shutil.copytree(REPO / "docs", root / "docs")
+    shutil.copy(REPO / "README.md", root / "README.md")
+    token = secrets.token_hex(16)
+    proc, base = start_lab(root, token, env={"LABKV_SMALL_DATA": "1"}, args=_readme_lab_options())
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
+            yield {"base": base, "token": token, "browser": browser, "root": root}
+            browser.close()
+    finally:
+        stop_lab(proc)
+        shutil.copy(root / "jupyter.log", ARTIFACTS / "jupyter.log")
+
+
+def _visit_tabs(page, box, stem: str) -> list[dict]:
+    """Show each tab of the monitor in turn (a screenshot of each), then the first
+    again; per tab its title, height and how many plot canvases are drawn."""
+    tabs = box.locator(".lm-TabBar-tab")
+    seen = []
+    for i in range(tabs.count()):
+        tabs.nth(i).click()
+        page.wait_for_timeout(600)
+        canvases = box.locator("canvas").evaluate_all(
+            "els => els.filter(e => e.offsetWidth > 0 && e.offsetHeight > 0).length"
+        )
+        title = tabs.nth(i).inner_text().strip()
+        seen.append({"title": title, "height": box.bounding_box()["height"], "plots": canvases})
+        box.screenshot(path=str(ARTIFACTS / f"{stem}-tab{i}.png"))
+    if seen:
+        tabs.nth(0).click()
+        page.wait_for_timeout(300)
+    return seen
+
+
+def _shut_down_kernels(base: str, token: str) -> None:
+    """Shut every kernel of the server down (the notebook's cluster with it)."""
+    url = f"{base}/api/sessions?token={token}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        sessions = json.load(r)
+    for s in sessions:
+        req = urllib.request.Request(
+            f"{base}/api/sessions/{s['id']}?token={token}", method="DELETE"
+        )
+        urllib.request.urlopen(req, timeout=30).close()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def test_the_readme_command_opens_the_first_notebook_with_docs_at_hand(lab):
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        opener.open(f"{lab['base']}/?token={lab['token']}", timeout=10)
+        location = None
+    except urllib.error.HTTPError as redirect:
+        location = redirect.headers["Location"]
+    assert location and location.split("?")[0].endswith(
+        f"/lab/tree/notebooks/{NOTEBOOKS[0].name}"
+    ), location
+    with urllib.request.urlopen(f"{lab['base']}/api/contents?token={lab['token']}") as r:
+        names = {item["name"] for item in json.load(r)["content"]}
+    assert {"README.md", "docs", "notebooks"} <= names, names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem[:2] for p in NOTEBOOKS])
+def test_run_all_cells(lab, path):
+    page = lab["browser"].new_page(viewport={"width": 1400, "height": 1400})
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    stem = path.stem
+    try:
+        # A workspace of its own: the default one would reopen (and start kernels
+        # for) the notebooks of the tests before.
+        page.goto(
+            f"{lab['base']}/lab/workspaces/{stem[:2]}/tree/notebooks/{path.name}"
+            f"?token={lab['token']}",
+            wait_until="domcontentloaded",
+        )
+        page.wait_for_function(KERNEL_IDLE, timeout=90_000)
+        start = time.monotonic()
+        page.evaluate(RUN_ALL)
+        page.wait_for_timeout(1000)
+        page.wait_for_function(DONE, timeout=RUN_TIMEOUT_S * 1000, polling=250)
+        seconds = time.monotonic() - start
+        page.wait_for_timeout(1500)  # the monitors' last ticks and any late kernel message
+        monitor = page.evaluate(MONITOR)
+        if monitor["shown"]:
+            box = page.locator(".labkv-monitor").first
+            box.scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            monitor["height"] = box.bounding_box()["height"]
+            monitor["tabs"] = _visit_tabs(page, box, stem)
+            box.screenshot(path=str(ARTIFACTS / f"{stem}.png"))
+        page.screenshot(path=str(ARTIFACTS / f"{stem}-page.png"))
+        page.wait_for_timeout(500)  # messages the scrolling made the views send
+        cells = page.evaluate(CELLS)
+        logs = page.evaluate(LOG_ENTRIES)
+    finally:
+        page.close()
+        _shut_down_kernels(lab["base"], lab["token"])
+    report = {"seconds": round(seconds, 1), "monitor": monitor, "logs": logs, "console": console}
+    (ARTIFACTS / f"{stem}.json").write_text(json.dumps({**report, "cells": cells}, indent=1))
+
+    code = [c for c in cells if c["type"] == "code"]
+    not_run = [c["index"] for c in code if c["count"] is None]
+    assert not not_run, f"cells {not_run} did not run (a cell before them failed?)"
+    noise = [
+        (c["index"], _text(o)[:300])
+        for c in code
+        if "raises-exception" not in c["tags"]
+        for o in c["outputs"]
+        if o["output_type"] == "error" or (o["output_type"] == "stream" and o["name"] == "stderr")
+    ]
+    assert not noise, f"error or stderr output in cells: {noise}"
+    bad_logs = [e for e in logs if e["level"] in ("warning", "error", "critical")]
+    assert not bad_logs, f"{len(bad_logs)} log console entries, first: {bad_logs[:3]}"
+    if _shows_monitor(path):
+        assert monitor["shown"] >= 1, f"no monitor on the page after Run All: {monitor}"
+        assert monitor["keys"] >= 1, f"the monitor's keys table is empty: {monitor}"
+        # compact: one line and the tabs, so it stays on screen while later cells run
+        assert all(tab["height"] <= 480 for tab in monitor["tabs"]), monitor
+        value_tab = next(t for t in monitor["tabs"] if t["title"].startswith("value"))
+        assert value_tab["plots"] >= 1, f"the value plot is not drawn: {monitor}"
+        assert (ARTIFACTS / f"{stem}.png").stat().st_size > 5_000
+    assert monitor["errors"] == 0, "a widget failed to render"
+    checks = [c for c in code if "check" in c["tags"]]
+    assert checks, "no exercise check cell (tagged 'check')"
+    for c in checks:
+        out = "".join(_text(o) for o in c["outputs"])
+        assert "not yet" in out and ": correct" not in out, (c["index"], out)
