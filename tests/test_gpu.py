@@ -1,4 +1,5 @@
-"""The GPU path with real CuPy arrays; skipped on machines without a CUDA GPU."""
+"""The GPU path with CuPy arrays: on the strict CPU stand-in of CuPy (2 simulated GPUs,
+always), and on real CUDA GPUs (marked ``gpu``; skipped on machines without one)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,35 @@ import pytest
 
 import labkv
 from tests._reference import f32, reference
+from tests._standin import standin_cupy
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(labkv.num_gpus() == 0, reason="needs CuPy and a CUDA GPU"),
-]
+HAS_CUDA = labkv.num_gpus() > 0
+
+
+@pytest.fixture(
+    scope="module",
+    autouse=True,
+    params=[
+        "standin",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")],
+        ),
+    ],
+)
+def backend(request):
+    """Every test here runs once on the stand-in and once on CUDA (where there is one)."""
+    if request.param == "cuda":
+        yield "cuda"
+        return
+    with standin_cupy(physical=2):
+        yield "standin"
+
+
+@pytest.fixture
+def gpu_handle(request, backend):
+    """A cluster whose workers have GPUs: the stand-in cluster, or the session one."""
+    return request.getfixturevalue("standin_handle" if backend == "standin" else "handle")
 
 
 def gpus(n):
@@ -97,10 +122,10 @@ def _push_cupy_and_pull(kv, shape):
 
 
 @pytest.mark.parametrize("shape", [(4, 5), (1000, 1001)])  # one server; sliced over two
-def test_gpu_servers_sum_cupy_pushes_of_two_ranks(handle, shape):
+def test_gpu_servers_sum_cupy_pushes_of_two_ranks(gpu_handle, shape):
     from labkv.cluster import run
 
-    kv = labkv.create("dist_sync", cluster=handle, num_servers=2, server_device="gpu")
+    kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=2, server_device="gpu")
     try:
         kv.init("w", np.zeros(shape, np.float32))
         pieces = kv.placement()["w"]
@@ -124,12 +149,12 @@ def _sgd_steps(kv):
     return kv.pull("w")
 
 
-def test_gpu_servers_run_the_optimizer_and_save_states_like_host_servers(handle, tmp_path):
+def test_gpu_servers_run_the_optimizer_and_save_states_like_host_servers(gpu_handle, tmp_path):
     from labkv.cluster import run
 
     pulled, files = {}, {}
     for device in ("cpu", "gpu"):
-        kv = labkv.create("dist_sync", cluster=handle, num_servers=1, server_device=device)
+        kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=1, server_device=device)
         try:
             kv.init("w", np.zeros((3, 4), np.float32))
             kv.set_optimizer("sgd", learning_rate=0.5, momentum=0.9)
@@ -155,9 +180,10 @@ def test_gpu_servers_run_the_optimizer_and_save_states_like_host_servers(handle,
     np.testing.assert_allclose(local.pull("w"), reference.pull("w"), rtol=1e-6)
 
 
-@pytest.mark.skipif(labkv.num_gpus() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("how", ["optimizer", "updater"])
 def test_a_key_on_the_second_gpu_is_updated_there(how):
+    if labkv.num_gpus() < 2:
+        pytest.skip("needs two GPUs")
     # CuPy makes new arrays on the *current* GPU (device 0 here): the merge buffer,
     # the optimizer state, the updater's copy and their temporaries must follow the key.
     import cupy
