@@ -206,3 +206,44 @@ def test_a_key_on_the_second_gpu_is_updated_there(how):
     assert all(a.device.id == 1 for a in shard.states.get("w", ()))
     expected = 1 - 0.4 - (0.9 * 0.4 + 0.4) if how == "optimizer" else 1 + 2 * 4 * 2
     np.testing.assert_allclose(value.get(), np.full((3, 4), expected), rtol=1e-6)
+
+
+# -- host -> GPU copies: exact shapes, strided destinations --------------------------------
+def test_a_scalar_key_on_a_gpu_takes_host_pushes():
+    kv = labkv.create("device")
+    kv.init("s", labkv.to_device(np.array(1.0, np.float32), labkv.gpu(0)))
+    kv.push("s", np.array(2.5, np.float32))
+    assert kv.home_device("s") == labkv.gpu(0)
+    assert kv.pull("s").shape == () and float(kv.pull("s")) == 2.5
+
+
+def test_a_pull_into_a_strided_gpu_out_fills_it():
+    import cupy
+
+    kv = labkv.create("local")
+    kv.init("w", np.arange(12, dtype=np.float32).reshape(3, 4))
+    with cupy.cuda.Device(labkv.num_gpus() - 1):
+        base = cupy.zeros((3, 8), dtype=cupy.float32)
+    out = base[:, ::2]
+    kv.pull("w", out=out)
+    expected = np.zeros((3, 8), np.float32)
+    expected[:, ::2] = np.arange(12).reshape(3, 4)
+    np.testing.assert_array_equal(base.get(), expected)
+
+
+def _push_scalar(kv):
+    kv.push("s", np.array(kv.rank + 1.0, np.float32))
+    return kv.pull("s")
+
+
+def test_gpu_servers_hold_scalar_keys(gpu_handle):
+    from labkv.cluster import run
+
+    kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=1, server_device="gpu")
+    try:
+        kv.init("s", np.array(0.0, np.float32))
+        results = run(_push_scalar, num_workers=2, kvstore=kv)
+        assert [float(r) for r in results] == [3.0, 3.0]
+        assert kv.pull("s").shape == ()
+    finally:
+        kv.close()
