@@ -247,3 +247,34 @@ def test_gpu_servers_hold_scalar_keys(gpu_handle):
         assert kv.pull("s").shape == ()
     finally:
         kv.close()
+
+
+# -- event summaries run where the values live -------------------------------------------
+def test_a_value_on_the_last_gpu_is_summarized_there():
+    host = np.array([[3.0, -4.0], [0.5, 2.0]], np.float32)
+    value = labkv.to_device(host, labkv.gpu(labkv.num_gpus() - 1))
+    assert labkv.events.summarize(value) == labkv.events.summarize(host)
+
+
+def test_events_of_a_key_pushed_from_two_gpus_are_summarized(backend):
+    import threading
+
+    last = labkv.gpu(labkv.num_gpus() - 1)
+    kv = labkv.create("device")
+    kv.init("w", labkv.to_device(np.zeros(4, np.float32), last))
+    kv.set_optimizer("sgd", learning_rate=1.0)
+    seen = []
+    kv.events.subscribe(seen.append, detail_interval=60)
+    values = [labkv.full(4, 1.0, device=d) for d in (last, labkv.gpu(0))]
+    for _ in range(3):
+        kv.push("w", values)  # the 2nd and 3rd are only tallied
+    # a monitor flushes the tallies from its own thread, where gpu(0) is current
+    flusher = threading.Thread(target=kv.events.flush)
+    flusher.start()
+    flusher.join()
+    push = next(e for e in seen if e.op == "push")
+    assert push.summary["mean"] == 2.0 and push.extra["per_device"][0]["norm"] == 2.0
+    step = next(e for e in seen if e.op == "optimizer")
+    assert (step.before["mean"], step.after["mean"]) == (0.0, -2.0)
+    tally = [e for e in seen if e.extra.get("tally")]
+    assert tally and all(e.summary["mean"] == -6.0 for e in tally)
