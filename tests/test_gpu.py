@@ -278,3 +278,34 @@ def test_events_of_a_key_pushed_from_two_gpus_are_summarized(backend):
     assert (step.before["mean"], step.after["mean"]) == (0.0, -2.0)
     tally = [e for e in seen if e.extra.get("tally")]
     assert tally and all(e.summary["mean"] == -6.0 for e in tally)
+
+
+# -- a key moved to its home GPU takes its optimizer states along -------------------------
+@pytest.mark.parametrize("states_from", ["a host push", "a state file"])
+def test_optimizer_states_follow_a_key_to_its_home_gpu(states_from, tmp_path):
+    grad = np.full((3, 4), 0.5, np.float32)
+    stores = {kind: labkv.create(kind) for kind in ("device", "local")}
+    for kv in stores.values():
+        kv.init("w", np.ones((3, 4), np.float32))  # from the host: the key starts there
+        kv.set_optimizer("adam", learning_rate=0.1)
+    if states_from == "a host push":
+        for kv in stores.values():
+            kv.push("w", grad)
+    else:
+        trained = labkv.create("local")
+        trained.init("w", np.ones((3, 4), np.float32))
+        trained.set_optimizer("adam", learning_rate=0.1)
+        trained.push("w", grad)
+        trained.save_optimizer_states(str(tmp_path / "adam.states"))
+        for kv in stores.values():
+            kv.load_optimizer_states(str(tmp_path / "adam.states"))
+    for _ in range(2):
+        stores["device"].push("w", [labkv.to_device(grad / 2, d) for d in gpus(2)])
+        stores["local"].push("w", [grad / 2, grad / 2])
+    home = stores["device"].home_device("w")
+    assert home.kind == "gpu"
+    states = stores["device"]._shard.states["w"]
+    assert [labkv.device_of(s) for s in states] == [home, home]
+    np.testing.assert_allclose(
+        stores["device"].pull("w").get(), stores["local"].pull("w"), rtol=1e-6
+    )
