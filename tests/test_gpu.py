@@ -309,3 +309,24 @@ def test_optimizer_states_follow_a_key_to_its_home_gpu(states_from, tmp_path):
     np.testing.assert_allclose(
         stores["device"].pull("w").get(), stores["local"].pull("w"), rtol=1e-6
     )
+
+
+# -- the compression's wire helpers on GPU arrays -----------------------------------------
+def test_packing_and_unpacking_stay_on_the_values_gpu():
+    from labkv.compression import pack_1bit, pack_2bit, unpack_1bit, unpack_2bit
+
+    rng = np.random.default_rng(0)
+    last = labkv.gpu(labkv.num_gpus() - 1)
+    two = rng.choice(np.float32([-0.5, 0.0, 0.5]), size=37)
+    one = rng.choice(np.float32([-1.0, 1.0]), size=37)
+    cases = [
+        (two, lambda a: pack_2bit(a, 0.5), lambda p: unpack_2bit(p, 0.5, two.size)),
+        (one, pack_1bit, lambda p: unpack_1bit(p, one.size)),
+    ]
+    for host, pack, unpack in cases:
+        packed = pack(labkv.to_device(host, last))
+        assert labkv.device_of(packed) == last
+        np.testing.assert_array_equal(packed.get(), pack(host))
+        back = unpack(packed)
+        assert labkv.device_of(back) == last and back.dtype == np.float32
+        np.testing.assert_array_equal(back.get(), host)
