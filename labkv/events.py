@@ -146,7 +146,8 @@ def _summarize_here(array: Any) -> dict[str, float]:
         flat = flat.astype(np.float64)
     # Min/max in the array's own dtype, the mean accumulated in float64 and the norm
     # from one dot product: no float64 copy of a float32 array (this runs per event).
-    squares = flat
+    # A float16 dot product overflows from a norm of 256 on: its squares add in float32.
+    squares = flat.astype(np.float32) if flat.dtype.itemsize < 4 else flat
     if xp is np:
         return {
             "min": float(flat.min()),

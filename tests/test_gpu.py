@@ -330,3 +330,31 @@ def test_packing_and_unpacking_stay_on_the_values_gpu():
         back = unpack(packed)
         assert labkv.device_of(back) == last and back.dtype == np.float32
         np.testing.assert_array_equal(back.get(), host)
+
+
+# -- float16 ------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["cpu", "gpu"])
+def test_float16_summaries_do_not_overflow(where):
+    host = np.full(16, 300.0, np.float16)  # squares add up to 1.44e6 > float16's 65504
+    value = host if where == "cpu" else labkv.to_device(host, labkv.gpu(0))
+    summary = labkv.events.summarize(value)
+    assert summary["norm"] == pytest.approx(1200.0)
+    assert (summary["min"], summary["max"], summary["mean"]) == (300.0, 300.0, 300.0)
+
+
+@pytest.mark.parametrize("where", ["cpu", "gpu"])
+@pytest.mark.parametrize("name", ["adam", "rmsprop"])
+def test_float16_steps_keep_their_epsilon(where, name):
+    device = labkv.cpu(0) if where == "cpu" else labkv.gpu(0)
+    grads = [np.array([0.0, 0.5, -0.25, 0.0], dtype) for dtype in (np.float16, np.float32)]
+    pulled = []
+    for grad in grads:  # a zero gradient makes 0 / (sqrt(0) + epsilon)
+        kv = labkv.create("device")
+        kv.init("w", labkv.to_device(np.ones(4, grad.dtype), device))
+        kv.set_optimizer(name, learning_rate=0.01)
+        for _ in range(3):
+            kv.push("w", labkv.to_device(grad, device))
+        out = kv.pull("w")
+        pulled.append(out.get() if hasattr(out, "get") else out)
+    assert pulled[0].dtype == np.float16 and np.isfinite(pulled[0]).all()
+    np.testing.assert_allclose(pulled[0], pulled[1], rtol=2e-3)
