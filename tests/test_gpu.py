@@ -358,3 +358,33 @@ def test_float16_steps_keep_their_epsilon(where, name):
         pulled.append(out.get() if hasattr(out, "get") else out)
     assert pulled[0].dtype == np.float16 and np.isfinite(pulled[0]).all()
     np.testing.assert_allclose(pulled[0], pulled[1], rtol=2e-3)
+
+
+# -- which physical GPU a server uses ------------------------------------------------------
+def _gpu_ids():
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    return [cupy.cuda.Device(i).pci_bus_id for i in range(count)]
+
+
+@pytest.mark.parametrize("option", ["gpu", "auto"])
+def test_servers_on_two_workers_use_two_physical_gpus(gpu_handle, option):
+    import re
+
+    if labkv.num_gpus() < 2:
+        pytest.skip("needs two GPUs")
+    ids = gpu_handle.client.run(_gpu_ids)  # per worker: the PCI bus id of each ordinal
+    kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=2, server_device=option)
+    try:
+        kv.init("w", np.zeros(1_000_000, np.float32))  # sliced: one slice per server
+        pieces = kv.placement()["w"]
+        assert len({p["device"].split("@")[1] for p in pieces}) == 2  # one server per worker
+        names = [p["device"].split("@") for p in pieces]
+        ordinals = [int(re.match(r"gpu\((\d+)\)", name).group(1)) for name, _ in names]
+        used = [ids[worker][i] for (_, worker), i in zip(names, ordinals)]
+        assert len(set(used)) == 2, f"both servers on one GPU: {pieces}"
+        # the placement names the physical GPU each server really uses
+        assert [n for n, _ in names] == [f"gpu({i}) pci:{u}" for i, u in zip(ordinals, used)]
+    finally:
+        kv.close()

@@ -101,3 +101,21 @@ def test_cuda_visible_devices_rotation_maps_ordinals_to_physical_gpus():
         assert cp.cuda.runtime.getDeviceCount() == 1
         with pytest.raises(cp.CUDARuntimeError):
             cp.cuda.Device(1).use()
+
+
+def test_servers_of_a_dask_cuda_worker_use_its_own_gpu(monkeypatch):
+    from labkv import gpu
+    from labkv.cluster._device import device_label, pick_server_device
+
+    with standin_cupy(physical=4) as cp:
+        physical_3 = cp.cuda.Device(3).pci_bus_id
+        # no CUDA_VISIBLE_DEVICES: every worker sees every GPU; one per server
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        assert [pick_server_device("gpu", s) for s in range(5)] == [gpu(i % 4) for i in range(5)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", rotated(3, 4))  # dask-cuda's worker 3
+    with standin_cupy(physical=4, visible=rotated(3, 4)):
+        for option in ("gpu", "auto"):
+            devices = [pick_server_device(option, s) for s in range(4)]
+            assert devices == [gpu(0)] * 4
+            assert device_label(devices[0]) == f"gpu(0) pci:{physical_3}"
+        assert pick_server_device("gpu(2)", 0) == gpu(2)  # told otherwise
