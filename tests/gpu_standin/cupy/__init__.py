@@ -1,8 +1,8 @@
 """A strict CPU stand-in for CuPy, for tests only: numpy underneath, CuPy's device rules on top.
 
 It is importable as ``cupy`` only where a test puts it there (``tests/_standin.py``
-loads it into this process; the stand-in cluster's workers get this folder on
-``PYTHONPATH``), so labkv's real CuPy code paths run unchanged against it. It is as
+loads it into this process; the stand-in cluster's workers put this folder on
+``sys.path`` in a preload), so labkv's real CuPy code paths run unchanged against it. It is as
 strict as CuPy where CuPy is strict:
 
 - every array knows its device; new arrays (``empty``, ``zeros_like``, ``copy()``,
@@ -243,7 +243,7 @@ class ndarray(NDArrayOperatorsMixin):
     # views keep the device; copies and kernels follow CuPy's rules
     def reshape(self, *shape: Any, order: str = "C") -> ndarray:
         view = self._data.reshape(*shape, order=order)
-        if not np.shares_memory(view, self._data) and view.size:
+        if not np.may_share_memory(view, self._data) and view.size:
             _kernel(self)
         return ndarray._of(view, self._device)
 
