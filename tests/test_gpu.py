@@ -388,3 +388,28 @@ def test_servers_on_two_workers_use_two_physical_gpus(gpu_handle, option):
         assert [n for n, _ in names] == [f"gpu({i}) pci:{u}" for i, u in zip(ordinals, used)]
     finally:
         kv.close()
+
+
+def _push_from_two_gpus(kv):
+    import cupy
+
+    values = [labkv.full((3, 4), kv.rank + 1.0, device=d) for d in gpus(2)]
+    outs = [labkv.zeros((3, 4), device=d) for d in gpus(2)]
+    kv.push("w", values)
+    kv.pull("w", out=outs)
+    assert all(isinstance(o, cupy.ndarray) for o in outs)
+    return [(labkv.device_of(o).id, o.get()) for o in outs]
+
+
+def test_dist_device_sync_sums_each_ranks_gpus_and_pulls_onto_each(gpu_handle):
+    from labkv.cluster import run
+
+    kv = labkv.create("dist_device_sync", cluster=gpu_handle, num_servers=1, server_device="gpu")
+    try:
+        kv.init("w", np.zeros((3, 4), np.float32))
+        for pulled in run(_push_from_two_gpus, num_workers=2, kvstore=kv):
+            assert [device for device, _ in pulled] == [d.id for d in gpus(2)]
+            for _, value in pulled:  # ranks 1 and 2, each from two GPUs
+                np.testing.assert_array_equal(value, np.full((3, 4), 6.0))
+    finally:
+        kv.close()
