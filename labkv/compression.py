@@ -24,11 +24,12 @@ array([ 0.19999999, -0.2       , -0.10000002], dtype=float32)
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from .devices import array_module, device_of, on_device
+from .devices import array_module, cpu, device_of, is_cupy, on_device
 
 __all__ = ["GradientCompression", "pack_2bit", "unpack_2bit", "pack_1bit", "unpack_1bit"]
 
@@ -122,39 +123,61 @@ class GradientCompression:
                 self.residuals[slot] = residual
 
 
-def pack_2bit(sent: np.ndarray, threshold: float) -> np.ndarray:
+def _on_its_device(values: Any, dtype: Any) -> tuple[ModuleType, Any]:
+    """The array module of ``values`` and ``values`` as an array of ``dtype`` there
+    (CuPy refuses ``np.asarray`` of its arrays: they are never converted here)."""
+    if not is_cupy(values):
+        values = np.asarray(values)
+    return array_module(values), values.astype(dtype, copy=False)
+
+
+def pack_2bit(sent: Any, threshold: float) -> Any:
     """The wire form of 2-bit values: four per byte, ``11`` for ``+t``,
     ``10`` for ``-t``, ``00`` for 0, first value in the high bits (MXNet's layout).
+    Packed where ``sent`` lives (numpy or CuPy, on its GPU).
 
     >>> pack_2bit(np.array([0.5, -0.5, 0, 0.5], dtype=np.float32), 0.5)
     array([227], dtype=uint8)
     """
-    flat = np.asarray(sent, dtype=np.float32).ravel()
-    codes = np.zeros(-(-flat.size // 4) * 4, dtype=np.uint8)
-    codes[: flat.size][flat == np.float32(threshold)] = 3
-    codes[: flat.size][flat == -np.float32(threshold)] = 2
-    codes = codes.reshape(-1, 4)
-    return (codes[:, 0] << 6) | (codes[:, 1] << 4) | (codes[:, 2] << 2) | codes[:, 3]
+    with on_device(device_of(sent) if is_cupy(sent) else cpu(0)):
+        xp, flat = _on_its_device(sent, np.float32)
+        flat = flat.reshape(-1)
+        t = np.float32(threshold)
+        codes = xp.where(flat == t, np.uint8(3), xp.where(flat == -t, np.uint8(2), np.uint8(0)))
+        codes = codes.astype(np.uint8, copy=False)
+        padding = -flat.size % 4
+        if padding:
+            codes = xp.concatenate([codes, xp.zeros(padding, dtype=np.uint8)])
+        codes = codes.reshape(-1, 4)
+        return (codes[:, 0] << 6) | (codes[:, 1] << 4) | (codes[:, 2] << 2) | codes[:, 3]
 
 
-def unpack_2bit(packed: np.ndarray, threshold: float, size: int) -> np.ndarray:
-    """Inverse of :func:`pack_2bit`: ``size`` float32 values."""
-    packed = np.asarray(packed, dtype=np.uint8)
-    codes = np.stack([(packed >> s) & 3 for s in (6, 4, 2, 0)], axis=1).ravel()[:size]
-    t = np.float32(threshold)
-    return np.where(codes == 3, t, np.where(codes == 2, -t, np.float32(0))).astype(np.float32)
+def unpack_2bit(packed: Any, threshold: float, size: int) -> Any:
+    """Inverse of :func:`pack_2bit`: ``size`` float32 values, where ``packed`` lives."""
+    with on_device(device_of(packed) if is_cupy(packed) else cpu(0)):
+        xp, packed = _on_its_device(packed, np.uint8)
+        codes = xp.stack([(packed >> s) & 3 for s in (6, 4, 2, 0)], axis=1).reshape(-1)[:size]
+        t = np.float32(threshold)
+        values = xp.where(codes == 3, t, xp.where(codes == 2, -t, np.float32(0)))
+        return values.astype(np.float32, copy=False)
 
 
-def pack_1bit(sent: np.ndarray) -> np.ndarray:
-    """The wire form of 1-bit values: eight per byte, bit set for ``+1``.
+def pack_1bit(sent: Any) -> Any:
+    """The wire form of 1-bit values: eight per byte, bit set for ``+1``; packed
+    where ``sent`` lives.
 
     >>> pack_1bit(np.array([1, -1, 1], dtype=np.float32))
     array([160], dtype=uint8)
     """
-    return np.packbits(np.asarray(sent).ravel() > 0)
+    with on_device(device_of(sent) if is_cupy(sent) else cpu(0)):
+        xp, flat = _on_its_device(sent, np.float32)
+        return xp.packbits(flat.reshape(-1) > 0)
 
 
-def unpack_1bit(packed: np.ndarray, size: int) -> np.ndarray:
-    """Inverse of :func:`pack_1bit`: ``size`` float32 values of ``+1`` / ``-1``."""
-    bits = np.unpackbits(np.asarray(packed, dtype=np.uint8))[:size]
-    return np.where(bits == 1, np.float32(1), np.float32(-1)).astype(np.float32)
+def unpack_1bit(packed: Any, size: int) -> Any:
+    """Inverse of :func:`pack_1bit`: ``size`` float32 values of ``+1`` / ``-1``,
+    where ``packed`` lives."""
+    with on_device(device_of(packed) if is_cupy(packed) else cpu(0)):
+        xp, packed = _on_its_device(packed, np.uint8)
+        bits = xp.unpackbits(packed)[:size]
+        return xp.where(bits == 1, np.float32(1), np.float32(-1)).astype(np.float32, copy=False)

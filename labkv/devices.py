@@ -282,11 +282,25 @@ def copy_into(dst: Any, src: Any) -> None:
                     src = cupy.asarray(src)  # peer copy onto dst's GPU
                 cupy.copyto(dst, src, casting="unsafe")
             else:
-                dst.set(np.ascontiguousarray(src, dtype=dst.dtype))
+                _host_into_cupy(cupy, dst, src)
         return
     if is_cupy(src):
         src = src.get()
     np.copyto(dst, src, casting="unsafe")
+
+
+def _host_into_cupy(cupy: ModuleType, dst: Any, src: Any) -> None:
+    """Host ``src`` into CuPy ``dst`` (its device current). ``set`` takes only a host
+    array of exactly ``dst``'s dtype and shape, into a contiguous ``dst``; ``src`` is
+    brought to that form (``np.ascontiguousarray`` would make a 0-d array 1-d), and a
+    strided ``dst`` is filled from a device copy."""
+    host = np.asarray(src)
+    if host.dtype != dst.dtype or host.shape != dst.shape or not host.flags.c_contiguous:
+        host = np.broadcast_to(host, dst.shape).astype(dst.dtype, order="C")
+    if dst.flags.c_contiguous:
+        dst.set(host)
+    else:
+        cupy.copyto(dst, cupy.asarray(host))
 
 
 def as_array(value: Any) -> Any:

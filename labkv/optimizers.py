@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from . import lr_scheduler as _lr
 from .devices import array_module
 
@@ -148,6 +150,13 @@ def _zeros(weight: Any) -> Any:
     return array_module(weight).zeros_like(weight)
 
 
+def _epsilon(dt: Any, value: float) -> Any:
+    """``value`` in the weight's dtype ``dt``, or in float32 where ``dt`` rounds it to 0
+    (``1e-8`` is 0 in float16: the step would divide by ``sqrt(0) + 0``)."""
+    eps = dt(value)
+    return eps if eps != 0 or value == 0 else np.float32(value)
+
+
 def _sgd_step(opt: Optimizer, weight: Any, grad: Any, lr: Any) -> Any:
     """``lr`` times the rescaled, clipped gradient, in MXNet's float32 order:
     ``lr*clip(rg*g)`` with clipping, ``(lr*rg)*g`` without."""
@@ -238,7 +247,7 @@ class Adam(Optimizer):
         b1, b2 = dt(self.beta1), dt(self.beta2)
         mean[...] = b1 * mean + (dt(1.0) - b1) * g
         var[...] = b2 * var + (dt(1.0) - b2) * g * g
-        weight[...] = weight - dt(lr) * mean / (xp.sqrt(var) + dt(self.epsilon))
+        weight[...] = weight - dt(lr) * mean / (xp.sqrt(var) + _epsilon(dt, self.epsilon))
 
 
 @register
@@ -260,7 +269,7 @@ class AdaGrad(Optimizer):
         g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
         (history,) = state
         history += g * g
-        div = g / xp.sqrt(history + dt(self.float_stable_eps))
+        div = g / xp.sqrt(history + _epsilon(dt, self.float_stable_eps))
         weight += (div + weight * wd) * -lr
 
 
@@ -299,7 +308,7 @@ class RMSProp(Optimizer):
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         self._update_count(index)
         xp, dt = array_module(weight), weight.dtype.type
-        lr, g1, eps = dt(self._get_lr(index)), dt(self.gamma1), dt(self.epsilon)
+        lr, g1, eps = dt(self._get_lr(index)), dt(self.gamma1), _epsilon(dt, self.epsilon)
         g = self._rescaled(grad, weight, add_wd=True, clip_after_wd=True)
         n = state[0]
         n[...] = (dt(1.0) - g1) * g * g + g1 * n

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .devices import device_of, empty_like, on_device
+from .devices import device_of, empty_like, on_device, to_device
 from .events import EventBus, summarize
 from .reduce import sum_into
 
@@ -72,9 +72,13 @@ class Shard:
         return self.values[key]
 
     def relocate(self, key: Key, value: Any) -> None:
-        """Replace a key's array by an equal one elsewhere (e.g. on its home GPU)."""
+        """Replace a key's array by an equal one elsewhere (e.g. on its home GPU);
+        its optimizer states move along (the optimizer works on both at once)."""
         self.values[key] = value
         self._merge_buffers.pop(key, None)
+        if key in self.states:
+            device = device_of(value)
+            self.states[key] = tuple(to_device(s, device, copy=False) for s in self.states[key])
 
     def set_updater(self, updater: Updater | None) -> None:
         """Use ``updater(key, merged, stored)`` from now on (None: back to ASSIGN)."""

@@ -33,7 +33,7 @@ from ._args import (
 )
 from .compression import GradientCompression
 from .devices import array_module, copy_into, device_of, is_cupy
-from .events import EventBus, summarize
+from .events import EventBus, summarize, summarize_sum
 from .optimizers import Optimizer
 from .optimizers import create as create_optimizer
 
@@ -256,13 +256,7 @@ class KVStore:
 
     def _emit_push(self, key: Key, values: list[Any], count: int, nbytes: int) -> None:
         per_device = [summarize(v) for v in values]
-        if len(values) == 1:
-            total = per_device[0]
-        else:
-            merged = values[0].astype(np.float64)
-            for v in values[1:]:
-                merged = merged + v
-            total = summarize(merged)
+        total = per_device[0] if len(values) == 1 else summarize_sum(values)
         self.events.emit(
             "push",
             key,

@@ -15,6 +15,10 @@ try:
 except ImportError:  # pragma: no cover - comes with distributed
     cloudpickle = None
 
+# The CuPy stand-in is imported as ``cupy`` by the tests that ask for it, never by
+# collection (``--doctest-modules`` would put it on sys.path for every test).
+collect_ignore = ["gpu_standin"]
+
 
 def pytest_collection_modifyitems(items):
     if cloudpickle is None:
@@ -44,3 +48,15 @@ def handle(cluster):
     """The session cluster, with both workers up (a fault test may have restarted one)."""
     cluster.client.wait_for_workers(2, timeout=60)
     return cluster
+
+
+@pytest.fixture(scope="session")
+def standin_handle():
+    """A 2-worker LocalCluster whose workers import the strict CuPy stand-in as
+    ``cupy``, with 2 simulated GPUs rotated per worker as dask-cuda does it."""
+    pytest.importorskip("distributed")
+    from tests._standin import standin_cluster
+
+    handle = standin_cluster(n_workers=2, physical=2)
+    yield handle
+    handle.close()

@@ -1,4 +1,5 @@
-"""The GPU path with real CuPy arrays; skipped on machines without a CUDA GPU."""
+"""The GPU path with CuPy arrays: on the strict CPU stand-in of CuPy (2 simulated GPUs,
+always), and on real CUDA GPUs (marked ``gpu``; skipped on machines without one)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,35 @@ import pytest
 
 import labkv
 from tests._reference import f32, reference
+from tests._standin import standin_cupy
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(labkv.num_gpus() == 0, reason="needs CuPy and a CUDA GPU"),
-]
+HAS_CUDA = labkv.num_gpus() > 0
+
+
+@pytest.fixture(
+    scope="module",
+    autouse=True,
+    params=[
+        "standin",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")],
+        ),
+    ],
+)
+def backend(request):
+    """Every test here runs once on the stand-in and once on CUDA (where there is one)."""
+    if request.param == "cuda":
+        yield "cuda"
+        return
+    with standin_cupy(physical=2):
+        yield "standin"
+
+
+@pytest.fixture
+def gpu_handle(request, backend):
+    """A cluster whose workers have GPUs: the stand-in cluster, or the session one."""
+    return request.getfixturevalue("standin_handle" if backend == "standin" else "handle")
 
 
 def gpus(n):
@@ -97,10 +122,10 @@ def _push_cupy_and_pull(kv, shape):
 
 
 @pytest.mark.parametrize("shape", [(4, 5), (1000, 1001)])  # one server; sliced over two
-def test_gpu_servers_sum_cupy_pushes_of_two_ranks(handle, shape):
+def test_gpu_servers_sum_cupy_pushes_of_two_ranks(gpu_handle, shape):
     from labkv.cluster import run
 
-    kv = labkv.create("dist_sync", cluster=handle, num_servers=2, server_device="gpu")
+    kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=2, server_device="gpu")
     try:
         kv.init("w", np.zeros(shape, np.float32))
         pieces = kv.placement()["w"]
@@ -124,12 +149,12 @@ def _sgd_steps(kv):
     return kv.pull("w")
 
 
-def test_gpu_servers_run_the_optimizer_and_save_states_like_host_servers(handle, tmp_path):
+def test_gpu_servers_run_the_optimizer_and_save_states_like_host_servers(gpu_handle, tmp_path):
     from labkv.cluster import run
 
     pulled, files = {}, {}
     for device in ("cpu", "gpu"):
-        kv = labkv.create("dist_sync", cluster=handle, num_servers=1, server_device=device)
+        kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=1, server_device=device)
         try:
             kv.init("w", np.zeros((3, 4), np.float32))
             kv.set_optimizer("sgd", learning_rate=0.5, momentum=0.9)
@@ -155,9 +180,10 @@ def test_gpu_servers_run_the_optimizer_and_save_states_like_host_servers(handle,
     np.testing.assert_allclose(local.pull("w"), reference.pull("w"), rtol=1e-6)
 
 
-@pytest.mark.skipif(labkv.num_gpus() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("how", ["optimizer", "updater"])
 def test_a_key_on_the_second_gpu_is_updated_there(how):
+    if labkv.num_gpus() < 2:
+        pytest.skip("needs two GPUs")
     # CuPy makes new arrays on the *current* GPU (device 0 here): the merge buffer,
     # the optimizer state, the updater's copy and their temporaries must follow the key.
     import cupy
@@ -180,3 +206,210 @@ def test_a_key_on_the_second_gpu_is_updated_there(how):
     assert all(a.device.id == 1 for a in shard.states.get("w", ()))
     expected = 1 - 0.4 - (0.9 * 0.4 + 0.4) if how == "optimizer" else 1 + 2 * 4 * 2
     np.testing.assert_allclose(value.get(), np.full((3, 4), expected), rtol=1e-6)
+
+
+# -- host -> GPU copies: exact shapes, strided destinations --------------------------------
+def test_a_scalar_key_on_a_gpu_takes_host_pushes():
+    kv = labkv.create("device")
+    kv.init("s", labkv.to_device(np.array(1.0, np.float32), labkv.gpu(0)))
+    kv.push("s", np.array(2.5, np.float32))
+    assert kv.home_device("s") == labkv.gpu(0)
+    assert kv.pull("s").shape == () and float(kv.pull("s")) == 2.5
+
+
+def test_a_pull_into_a_strided_gpu_out_fills_it():
+    import cupy
+
+    kv = labkv.create("local")
+    kv.init("w", np.arange(12, dtype=np.float32).reshape(3, 4))
+    with cupy.cuda.Device(labkv.num_gpus() - 1):
+        base = cupy.zeros((3, 8), dtype=cupy.float32)
+    out = base[:, ::2]
+    kv.pull("w", out=out)
+    expected = np.zeros((3, 8), np.float32)
+    expected[:, ::2] = np.arange(12).reshape(3, 4)
+    np.testing.assert_array_equal(base.get(), expected)
+
+
+def _push_scalar(kv):
+    kv.push("s", np.array(kv.rank + 1.0, np.float32))
+    return kv.pull("s")
+
+
+def test_gpu_servers_hold_scalar_keys(gpu_handle):
+    from labkv.cluster import run
+
+    kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=1, server_device="gpu")
+    try:
+        kv.init("s", np.array(0.0, np.float32))
+        results = run(_push_scalar, num_workers=2, kvstore=kv)
+        assert [float(r) for r in results] == [3.0, 3.0]
+        assert kv.pull("s").shape == ()
+    finally:
+        kv.close()
+
+
+# -- event summaries run where the values live -------------------------------------------
+def test_a_value_on_the_last_gpu_is_summarized_there():
+    host = np.array([[3.0, -4.0], [0.5, 2.0]], np.float32)
+    value = labkv.to_device(host, labkv.gpu(labkv.num_gpus() - 1))
+    assert labkv.events.summarize(value) == labkv.events.summarize(host)
+
+
+def test_events_of_a_key_pushed_from_two_gpus_are_summarized(backend):
+    import threading
+
+    last = labkv.gpu(labkv.num_gpus() - 1)
+    kv = labkv.create("device")
+    kv.init("w", labkv.to_device(np.zeros(4, np.float32), last))
+    kv.set_optimizer("sgd", learning_rate=1.0)
+    seen = []
+    kv.events.subscribe(seen.append, detail_interval=60)
+    values = [labkv.full(4, 1.0, device=d) for d in (last, labkv.gpu(0))]
+    for _ in range(3):
+        kv.push("w", values)  # the 2nd and 3rd are only tallied
+    # a monitor flushes the tallies from its own thread, where gpu(0) is current
+    flusher = threading.Thread(target=kv.events.flush)
+    flusher.start()
+    flusher.join()
+    push = next(e for e in seen if e.op == "push")
+    assert push.summary["mean"] == 2.0 and push.extra["per_device"][0]["norm"] == 2.0
+    step = next(e for e in seen if e.op == "optimizer")
+    assert (step.before["mean"], step.after["mean"]) == (0.0, -2.0)
+    tally = [e for e in seen if e.extra.get("tally")]
+    assert tally and all(e.summary["mean"] == -6.0 for e in tally)
+
+
+# -- a key moved to its home GPU takes its optimizer states along -------------------------
+@pytest.mark.parametrize("states_from", ["a host push", "a state file"])
+def test_optimizer_states_follow_a_key_to_its_home_gpu(states_from, tmp_path):
+    grad = np.full((3, 4), 0.5, np.float32)
+    stores = {kind: labkv.create(kind) for kind in ("device", "local")}
+    for kv in stores.values():
+        kv.init("w", np.ones((3, 4), np.float32))  # from the host: the key starts there
+        kv.set_optimizer("adam", learning_rate=0.1)
+    if states_from == "a host push":
+        for kv in stores.values():
+            kv.push("w", grad)
+    else:
+        trained = labkv.create("local")
+        trained.init("w", np.ones((3, 4), np.float32))
+        trained.set_optimizer("adam", learning_rate=0.1)
+        trained.push("w", grad)
+        trained.save_optimizer_states(str(tmp_path / "adam.states"))
+        for kv in stores.values():
+            kv.load_optimizer_states(str(tmp_path / "adam.states"))
+    for _ in range(2):
+        stores["device"].push("w", [labkv.to_device(grad / 2, d) for d in gpus(2)])
+        stores["local"].push("w", [grad / 2, grad / 2])
+    home = stores["device"].home_device("w")
+    assert home.kind == "gpu"
+    states = stores["device"]._shard.states["w"]
+    assert [labkv.device_of(s) for s in states] == [home, home]
+    np.testing.assert_allclose(
+        stores["device"].pull("w").get(), stores["local"].pull("w"), rtol=1e-6
+    )
+
+
+# -- the compression's wire helpers on GPU arrays -----------------------------------------
+def test_packing_and_unpacking_stay_on_the_values_gpu():
+    from labkv.compression import pack_1bit, pack_2bit, unpack_1bit, unpack_2bit
+
+    rng = np.random.default_rng(0)
+    last = labkv.gpu(labkv.num_gpus() - 1)
+    two = rng.choice(np.float32([-0.5, 0.0, 0.5]), size=37)
+    one = rng.choice(np.float32([-1.0, 1.0]), size=37)
+    cases = [
+        (two, lambda a: pack_2bit(a, 0.5), lambda p: unpack_2bit(p, 0.5, two.size)),
+        (one, pack_1bit, lambda p: unpack_1bit(p, one.size)),
+    ]
+    for host, pack, unpack in cases:
+        packed = pack(labkv.to_device(host, last))
+        assert labkv.device_of(packed) == last
+        np.testing.assert_array_equal(packed.get(), pack(host))
+        back = unpack(packed)
+        assert labkv.device_of(back) == last and back.dtype == np.float32
+        np.testing.assert_array_equal(back.get(), host)
+
+
+# -- float16 ------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["cpu", "gpu"])
+def test_float16_summaries_do_not_overflow(where):
+    host = np.full(16, 300.0, np.float16)  # squares add up to 1.44e6 > float16's 65504
+    value = host if where == "cpu" else labkv.to_device(host, labkv.gpu(0))
+    summary = labkv.events.summarize(value)
+    assert summary["norm"] == pytest.approx(1200.0)
+    assert (summary["min"], summary["max"], summary["mean"]) == (300.0, 300.0, 300.0)
+
+
+@pytest.mark.parametrize("where", ["cpu", "gpu"])
+@pytest.mark.parametrize("name", ["adam", "rmsprop"])
+def test_float16_steps_keep_their_epsilon(where, name):
+    device = labkv.cpu(0) if where == "cpu" else labkv.gpu(0)
+    grads = [np.array([0.0, 0.5, -0.25, 0.0], dtype) for dtype in (np.float16, np.float32)]
+    pulled = []
+    for grad in grads:  # a zero gradient makes 0 / (sqrt(0) + epsilon)
+        kv = labkv.create("device")
+        kv.init("w", labkv.to_device(np.ones(4, grad.dtype), device))
+        kv.set_optimizer(name, learning_rate=0.01)
+        for _ in range(3):
+            kv.push("w", labkv.to_device(grad, device))
+        out = kv.pull("w")
+        pulled.append(out.get() if hasattr(out, "get") else out)
+    assert pulled[0].dtype == np.float16 and np.isfinite(pulled[0]).all()
+    np.testing.assert_allclose(pulled[0], pulled[1], rtol=2e-3)
+
+
+# -- which physical GPU a server uses ------------------------------------------------------
+def _gpu_ids():
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    return [cupy.cuda.Device(i).pci_bus_id for i in range(count)]
+
+
+@pytest.mark.parametrize("option", ["gpu", "auto"])
+def test_servers_on_two_workers_use_two_physical_gpus(gpu_handle, option):
+    import re
+
+    if labkv.num_gpus() < 2:
+        pytest.skip("needs two GPUs")
+    ids = gpu_handle.client.run(_gpu_ids)  # per worker: the PCI bus id of each ordinal
+    kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=2, server_device=option)
+    try:
+        kv.init("w", np.zeros(1_000_000, np.float32))  # sliced: one slice per server
+        pieces = kv.placement()["w"]
+        assert len({p["device"].split("@")[1] for p in pieces}) == 2  # one server per worker
+        names = [p["device"].split("@") for p in pieces]
+        ordinals = [int(re.match(r"gpu\((\d+)\)", name).group(1)) for name, _ in names]
+        used = [ids[worker][i] for (_, worker), i in zip(names, ordinals)]
+        assert len(set(used)) == 2, f"both servers on one GPU: {pieces}"
+        # the placement names the physical GPU each server really uses
+        assert [n for n, _ in names] == [f"gpu({i}) pci:{u}" for i, u in zip(ordinals, used)]
+    finally:
+        kv.close()
+
+
+def _push_from_two_gpus(kv):
+    import cupy
+
+    values = [labkv.full((3, 4), kv.rank + 1.0, device=d) for d in gpus(2)]
+    outs = [labkv.zeros((3, 4), device=d) for d in gpus(2)]
+    kv.push("w", values)
+    kv.pull("w", out=outs)
+    assert all(isinstance(o, cupy.ndarray) for o in outs)
+    return [(labkv.device_of(o).id, o.get()) for o in outs]
+
+
+def test_dist_device_sync_sums_each_ranks_gpus_and_pulls_onto_each(gpu_handle):
+    from labkv.cluster import run
+
+    kv = labkv.create("dist_device_sync", cluster=gpu_handle, num_servers=1, server_device="gpu")
+    try:
+        kv.init("w", np.zeros((3, 4), np.float32))
+        for pulled in run(_push_from_two_gpus, num_workers=2, kvstore=kv):
+            assert [device for device, _ in pulled] == [d.id for d in gpus(2)]
+            for _, value in pulled:  # ranks 1 and 2, each from two GPUs
+                np.testing.assert_array_equal(value, np.full((3, 4), 6.0))
+    finally:
+        kv.close()

@@ -3,10 +3,17 @@
 ``server_device`` (an option of ``labkv.create`` and ``run``) is ``'auto'``
 (a GPU when the worker has one, through CuPy; else the host), ``'cpu'``,
 ``'gpu'`` (a GPU, or an error naming the worker) or ``'gpu(i)'``. With
-``'auto'``/``'gpu'`` server ``s`` takes GPU ``s % n`` of the ``n`` its worker
-sees: one per server when a ``LocalCluster`` shares a multi-GPU machine, and
-the worker's own GPU on clusters that give each worker one
-(``CUDA_VISIBLE_DEVICES``, as dask-cuda does).
+``'auto'``/``'gpu'`` a server takes its worker's own GPU:
+
+- when the worker's ``CUDA_VISIBLE_DEVICES`` is set, its device 0. dask-cuda's
+  ``LocalCUDACluster`` gives every worker *all* GPUs, its own first
+  (``'3,4,5,6,7,0,1,2'`` for worker 3), and workers pinned by hand see one;
+- else (every worker sees every GPU in the same order, as in a plain
+  ``LocalCluster`` on a multi-GPU machine) server ``s`` takes GPU ``s % n``, one per
+  server.
+
+A GPU ordinal names a different physical GPU in each worker, so the placement
+and the monitor show the GPU's PCI bus id next to it (:func:`device_label`).
 
 Values travel between processes as host arrays (Dask's TCP comms copy device
 buffers through the host anyway, and a client without a GPU could not
@@ -22,6 +29,7 @@ cpu(0)
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -45,20 +53,45 @@ def pick_server_device(option: str, sid: int, where: str = "this worker") -> Dev
     if option == "cpu":
         return cpu(0)
     count = num_gpus()
-    if option == "auto":
-        return gpu(sid % count) if count else cpu(0)
+    if option == "auto" and count == 0:
+        return cpu(0)
     if count == 0:
         raise RuntimeError(
             f"server {sid}: server_device={option!r}, but {where} has no CUDA GPU that CuPy can use"
         )
-    if option == "gpu":
-        return gpu(sid % count)
+    if option in ("auto", "gpu"):
+        return own_gpu(sid, count)
     index = int(_GPU_N.fullmatch(option).group(1))
     if index >= count:
         raise RuntimeError(
             f"server {sid}: server_device={option!r}, but {where} has {count} GPU(s)"
         )
     return gpu(index)
+
+
+def own_gpu(sid: int, count: int) -> Device:
+    """The worker's own GPU for server ``sid``, of the ``count`` it sees (see module doc).
+
+    >>> own_gpu(1, 2) == (gpu(0) if os.environ.get("CUDA_VISIBLE_DEVICES") else gpu(1))
+    True
+    """
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        return gpu(0)
+    return gpu(sid % count)
+
+
+def device_label(device: Device) -> str:
+    """``'gpu(i) pci:<bus id>'`` for a GPU (the physical GPU behind the ordinal), else
+    the device's name.
+
+    >>> device_label(cpu(0))
+    'cpu(0)'
+    """
+    if device.kind != "gpu":
+        return str(device)
+    import cupy
+
+    return f"{device} pci:{cupy.cuda.Device(device.id).pci_bus_id}"
 
 
 def host_copy(array: Any) -> np.ndarray:

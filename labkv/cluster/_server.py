@@ -37,7 +37,7 @@ from ..devices import copy_into, empty, new_like, to_device
 from ..events import EventBus, summarize
 from ..optimizers import Optimizer
 from ..shard import Shard
-from ._device import host_copy, host_view, pick_server_device
+from ._device import device_label, host_copy, host_view, pick_server_device
 from ._events import EventStream
 from ._pack import PACK_BELOW, pack, seal, unpack_values, unseal
 from ._rounds import (
@@ -109,7 +109,7 @@ class Server:
 
         worker = get_worker()
         self.device = pick_server_device(device, sid, f"Dask worker {worker.address}")
-        self.device_name = str(self.device)
+        self.device_name = device_label(self.device)
         self.sid, self.store_id, self.num_workers = sid, store_id, num_workers
         self.sync, self.timeout, self.topic = sync, timeout, topic
         self.bus = EventBus(store_id)

@@ -1,0 +1,121 @@
+"""The CuPy stand-in is as strict as CuPy where CuPy is strict (the rules the GPU
+tests rely on to catch device bugs on a machine without a GPU)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from tests._standin import rotated, standin_cupy
+
+
+@pytest.fixture
+def cp():
+    with standin_cupy(physical=2) as module:
+        yield module
+
+
+def on(cp, device, make):
+    with cp.cuda.Device(device):
+        return make()
+
+
+def test_arrays_are_made_on_the_current_device_and_remember_it(cp):
+    a = on(cp, 1, lambda: cp.ones(3, dtype=cp.float32))
+    assert a.device.id == 1 and cp.zeros(2).device.id == 0
+    assert on(cp, 1, lambda: cp.zeros_like(cp.zeros(2))).device.id == 1
+    assert a.copy().device.id == 0  # copies land on the current device, as in CuPy
+    assert a.reshape(3, 1).device.id == 1  # a view stays where it is
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        lambda a, b: a + b,
+        lambda a, b: a.sum(),
+        lambda a, b: __import__("cupy").vdot(a, a),
+        lambda a, b: a.astype("float64"),
+        lambda a, b: __import__("cupy").where(a > 0, a, b),
+    ],
+)
+def test_a_kernel_with_an_operand_off_the_current_device_raises(cp, kernel):
+    a = on(cp, 1, lambda: cp.ones(3))
+    b = cp.ones(3)
+    with pytest.raises(ValueError, match="array device = 1 while current = 0"):
+        kernel(a, b)
+    with pytest.raises(ValueError, match="array device = 0 while current = 1"):
+        on(cp, 1, lambda: kernel(b, a))
+
+
+def test_a_new_thread_starts_on_device_0(cp):
+    a = on(cp, 1, lambda: cp.ones(3))
+    errors = []
+
+    def work():
+        try:
+            a.min()
+        except ValueError as exc:
+            errors.append(exc)
+
+    with cp.cuda.Device(1):
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    assert len(errors) == 1
+
+
+def test_set_needs_exact_dtype_shape_and_a_contiguous_destination(cp):
+    a = cp.zeros((2, 3), dtype=cp.float32)
+    with pytest.raises(ValueError, match="Shape mismatch"):
+        a.set(np.ones(6, np.float32))
+    with pytest.raises(TypeError, match="cannot be set"):
+        a.set(np.ones((2, 3)))
+    with pytest.raises(RuntimeError, match="non-contiguous"):
+        a[:, ::2].set(np.ones((2, 2), np.float32))
+    a.set(np.full((2, 3), 7, np.float32))
+    np.testing.assert_array_equal(a.get(), 7)
+
+
+def test_no_implicit_conversion_to_or_mixing_with_numpy(cp):
+    a = cp.ones(3)
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(a)
+    with pytest.raises(TypeError):
+        a + np.ones(3)
+    with pytest.raises(TypeError):
+        np.copyto(np.zeros(3), a)
+    assert float(cp.ones(())) == 1.0  # size-1 arrays do convert to Python scalars
+
+
+def test_cuda_visible_devices_rotation_maps_ordinals_to_physical_gpus():
+    assert rotated(1, 4) == "1,2,3,0"
+    with standin_cupy(physical=4, visible=rotated(1, 4)) as cp:
+        assert cp.cuda.runtime.getDeviceCount() == 4
+        ids = [cp.cuda.Device(i).pci_bus_id for i in range(4)]
+    with standin_cupy(physical=4) as cp:
+        plain = [cp.cuda.Device(i).pci_bus_id for i in range(4)]
+    assert ids == plain[1:] + plain[:1] and len(set(ids)) == 4
+    with standin_cupy(physical=2, visible="1") as cp:
+        assert cp.cuda.runtime.getDeviceCount() == 1
+        with pytest.raises(cp.CUDARuntimeError):
+            cp.cuda.Device(1).use()
+
+
+def test_servers_of_a_dask_cuda_worker_use_its_own_gpu(monkeypatch):
+    from labkv import gpu
+    from labkv.cluster._device import device_label, pick_server_device
+
+    with standin_cupy(physical=4) as cp:
+        physical_3 = cp.cuda.Device(3).pci_bus_id
+        # no CUDA_VISIBLE_DEVICES: every worker sees every GPU; one per server
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        assert [pick_server_device("gpu", s) for s in range(5)] == [gpu(i % 4) for i in range(5)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", rotated(3, 4))  # dask-cuda's worker 3
+    with standin_cupy(physical=4, visible=rotated(3, 4)):
+        for option in ("gpu", "auto"):
+            devices = [pick_server_device(option, s) for s in range(4)]
+            assert devices == [gpu(0)] * 4
+            assert device_label(devices[0]) == f"gpu(0) pci:{physical_3}"
+        assert pick_server_device("gpu(2)", 0) == gpu(2)  # told otherwise
