@@ -17,6 +17,19 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+def missing_browser() -> str | None:
+    """Why a browser test cannot run here (no chromium, no playwright), or None."""
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} not found: apt-get install -y chromium"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "python package playwright not installed: pip install -e '.[test]'"
+    return None
+
+
 CHROME_ARGS = [
     "--headless",
     "--no-sandbox",

@@ -42,6 +42,7 @@ from tests.browser._lab import (
     KERNEL_IDLE,
     LOG_ENTRIES,
     RUN_ALL,
+    missing_browser,
     start_lab,
     stop_lab,
 )
@@ -86,16 +87,6 @@ MONITOR = """() => {
 }"""
 
 
-def _missing() -> str | None:
-    if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} not found: apt-get install -y chromium"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "python package playwright not installed: pip install -e '.[test]'"
-    return None
-
-
 def _text(output: dict) -> str:
     if output.get("output_type") == "stream":
         return output.get("text", "")
@@ -120,7 +111,7 @@ def _readme_lab_options() -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """One JupyterLab over a copy of the repository's course, and one chromium."""
-    reason = _missing()
+    reason = missing_browser()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"the browser test must run in CI: {reason}")

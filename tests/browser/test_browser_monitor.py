@@ -15,24 +15,21 @@ import re
 import secrets
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.browser._lab import CHROME_ARGS, CHROMIUM, KERNEL_IDLE, RUN_ALL, start_lab, stop_lab
+from tests.browser._lab import (
+    CHROME_ARGS,
+    CHROMIUM,
+    KERNEL_IDLE,
+    RUN_ALL,
+    missing_browser,
+    start_lab,
+    stop_lab,
+)
 from tests.browser.monitor_notebook import HOSTILE, N_PUSH, build
 
 pytestmark = pytest.mark.browser
-
-
-def _missing() -> str | None:
-    if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} not found: apt-get install -y chromium"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "python package playwright not installed: pip install -e '.[test]'"
-    return None
 
 
 # What the test reads from the page: the monitor's tables as text cells.
@@ -67,7 +64,7 @@ def _row(sample: dict, key: str) -> list[str] | None:
 
 
 def test_monitor_is_live_in_jupyterlab(tmp_path):
-    reason = _missing()
+    reason = missing_browser()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"the browser test must run in CI: {reason}")
