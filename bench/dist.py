@@ -3,8 +3,9 @@
     python bench/dist.py [--quick] [--dask-malloc]
 
 W = 2 ranks (``labkv.cluster.run``) on an embedded 2-worker LocalCluster, with
-S = 1 and S = 2 servers: push+pull per iteration of a 16 MiB model (1 key; 4
-keys of 4 MiB), 200 keys x 1 KiB, one tiny key, and a barrier. The baseline is
+S = 1 and S = 2 servers: push+pull per iteration of a 16 MiB model (1 key; 1
+key whose pushes travel 2-bit compressed; 4 keys of 4 MiB), 200 keys x 1 KiB,
+one tiny key, and a barrier. The baseline is
 a task on one worker echoing the same bytes through one call to the other
 worker: to an async actor method (what labkv's servers are), and to a plain
 worker comm handler (the "worker extension" alternative). The echo runs on the
@@ -86,11 +87,14 @@ def _ranks(kv, case, iters):
         return (time.perf_counter() - t) / iters, None, None
     sizes = {
         "16MiB x1": [4 * MIB] * 1,
+        "16MiB 2bit": [4 * MIB] * 1,
         "4MiB x4": [MIB] * 4,
         "1KiB x200": [256] * 200,
         "tiny": [1],
     }[case]
     keys = list(range(len(sizes)))
+    if case.endswith("2bit"):  # pushes travel packed, 2 bits a value; pulls as float32
+        kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
     kv.init(keys, [np.zeros(n, dtype=np.float32) for n in sizes])
     grads = [np.ones(n, dtype=np.float32) for n in sizes]
     outs = [np.empty(n, dtype=np.float32) for n in sizes]
@@ -192,6 +196,7 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
             )
         cases = [
             ("16MiB x1", 30),
+            ("16MiB 2bit", 30),
             ("4MiB x4", 30),
             ("1KiB x200", 200),
             ("tiny", 500),

@@ -181,3 +181,37 @@ def unpack_1bit(packed: Any, size: int) -> Any:
         xp, packed = _on_its_device(packed, np.uint8)
         bits = xp.unpackbits(packed)[:size]
         return xp.where(bits == 1, np.float32(1), np.float32(-1)).astype(np.float32, copy=False)
+
+
+def wire_nbytes(type: str, size: int) -> int:
+    """Bytes of ``size`` values packed by :func:`to_wire`: 2 bits (``'2bit'``) or
+    1 bit (``'1bit'``) a value, rounded up to whole bytes.
+
+    >>> wire_nbytes("2bit", 1_000_000), wire_nbytes("1bit", 9)
+    (250000, 2)
+    """
+    per_byte = 4 if type == "2bit" else 8
+    return -(-size // per_byte)
+
+
+def to_wire(type: str, threshold: float, sent: list[Any]) -> np.ndarray:
+    """Per-device compressed values (host arrays of one piece, each ``+-t`` or
+    0 for 2-bit, ``+-1`` for 1-bit) as one ``uint8`` array of shape
+    ``(devices, wire_nbytes)``: what a compressed push carries instead of float32.
+
+    >>> codes = to_wire("2bit", 0.5, [np.array([0.5, 0, -0.5], np.float32)])
+    >>> codes.shape, from_wire("2bit", 0.5, codes, 3)[0].tolist()
+    ((1, 1), [0.5, 0.0, -0.5])
+    """
+    size = int(sent[0].size)
+    codes = np.empty((len(sent), wire_nbytes(type, size)), dtype=np.uint8)
+    for row, values in zip(codes, sent, strict=True):
+        row[:] = pack_2bit(values, threshold) if type == "2bit" else pack_1bit(values)
+    return codes
+
+
+def from_wire(type: str, threshold: float, codes: np.ndarray, size: int) -> list[np.ndarray]:
+    """The per-device float32 values that :func:`to_wire` packed (``size`` each)."""
+    if type == "2bit":
+        return [unpack_2bit(row, threshold, size) for row in codes]
+    return [unpack_1bit(row, size) for row in codes]

@@ -33,9 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from ..compression import from_wire, wire_nbytes
 from ..devices import copy_into, empty, new_like, to_device
 from ..events import EventBus, summarize
 from ..optimizers import Optimizer
+from ..reduce import sum_into
 from ..shard import Shard
 from ._device import device_label, host_copy, host_view, pick_server_device
 from ._events import EventStream
@@ -254,7 +256,7 @@ class Server:
         (:mod:`._pack`) with this server's piece shapes and the stored dtypes
         (or ``dtypes``, when given). ``borrowed``: the big arrays are the
         caller's own (a rank on this worker, which may reuse them at once)."""
-        (sender, rank, seq, keys, dtypes, big, borrowed), packed, bigs = unseal(msg)
+        (sender, rank, seq, keys, dtypes, big, borrowed, codes), packed, bigs = unseal(msg)
         self.messages["push"] += 1
         await self._pushes_arrived(sender, seq, f"rank {rank}")
         try:
@@ -262,8 +264,10 @@ class Server:
             for key in keys:
                 if key not in values:
                     raise KeyError(f"key {key!r} is not initialised on server {self.sid}")
-            items = self._items(keys, dtypes, big, packed, bigs)
-            self.bytes_in += sum(v.nbytes for _, v in items)
+            items = self._items(keys, dtypes, big, packed, bigs, codes)
+            self.bytes_in += sum(v.nbytes for _, v in items)  # as they travelled
+            if codes is not None:
+                items = self._decompressed(items, codes)
             if self.sync:
                 await self._push_sync(sender, rank, seq, items, borrowed and bool(big))
             else:
@@ -289,17 +293,43 @@ class Server:
             self._wake()
 
     def _items(
-        self, keys: list[Key], dtypes: list | None, big: list[int], packed: Any, bigs: list
+        self,
+        keys: list[Key],
+        dtypes: list | None,
+        big: list[int],
+        packed: Any,
+        bigs: list,
+        codes: tuple | None = None,
     ) -> list[tuple[Key, Any]]:
-        """``(key, value)`` pairs of a push message (views into ``packed``)."""
+        """``(key, value)`` pairs of a push message (views into ``packed``); with
+        ``codes``, the values are the packed compressed values of each device."""
         values = self.shard.values
 
         def specs(small_keys: list[Key]) -> list[tuple[Any, tuple[int, ...]]]:
+            if codes is not None:
+                kind, _, devices = codes
+                return [
+                    (np.uint8, (devices[k], wire_nbytes(kind, values[k].size))) for k in small_keys
+                ]
             if dtypes is None:
                 return [(values[k].dtype, values[k].shape) for k in small_keys]
             return [(d, values[k].shape) for k, d in zip(small_keys, dtypes, strict=True)]
 
         return unpack_values(keys, big, packed, bigs, specs)
+
+    def _decompressed(self, items: list[tuple[Key, Any]], codes: tuple) -> list[tuple[Key, Any]]:
+        """A compressed push's values: each device's codes unpacked and summed, in
+        the rank's order and precision (so the result is bit-exact with a push of
+        the same values uncompressed)."""
+        kind, threshold, _ = codes
+        result = []
+        for key, packed in items:
+            stored = self.shard.values[key]
+            per_device = from_wire(kind, threshold, packed, stored.size)
+            value = np.empty(stored.shape, np.float32)
+            sum_into(value, [v.reshape(stored.shape) for v in per_device])
+            result.append((key, value))
+        return result
 
     async def _push_sync(
         self, sender: str, rank: int, seq: int, items: list[tuple[Key, Any]], borrowed: bool
