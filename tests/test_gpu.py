@@ -413,3 +413,41 @@ def test_dist_device_sync_sums_each_ranks_gpus_and_pulls_onto_each(gpu_handle):
                 np.testing.assert_array_equal(value, np.full((3, 4), 6.0))
     finally:
         kv.close()
+
+
+# -- a GPU server's event loop ------------------------------------------------------------
+def _standin_stats():
+    import cupy
+
+    return {"to_host": cupy.stats["to_host"], "kernels": dict(cupy.stats["kernels"])}
+
+
+def test_a_gpu_server_packs_small_values_on_its_gpu_with_one_copy(standin_handle):
+    client = standin_handle.client
+    kv = labkv.create("dist_sync", cluster=standin_handle, num_servers=1, server_device="gpu")
+    try:
+        keys = list(range(40))
+        kv.init(keys, [np.full(3, k, np.float32) for k in keys])
+        worker = kv.placement()[0][0]["device"].split("@")[1]
+        before = client.run(_standin_stats, workers=[worker])[worker]
+        pulled = kv.pull(keys)
+        after = client.run(_standin_stats, workers=[worker])[worker]
+        assert after["to_host"] - before["to_host"] == 1  # one copy for 40 keys, not 40
+        for k, value in zip(keys, pulled):
+            np.testing.assert_array_equal(value, np.full(3, k))
+    finally:
+        kv.close()
+
+
+def test_a_gpu_server_runs_its_kernels_once_on_its_gpu_when_it_starts(standin_handle):
+    client = standin_handle.client
+    before = client.run(_standin_stats)
+    kv = labkv.create("dist_sync", cluster=standin_handle, num_servers=1, server_device="gpu(1)")
+    try:
+        after = client.run(_standin_stats)  # the server has started; no key exists yet
+        kv.init("w", np.zeros(2, np.float32))
+        address = kv.placement()["w"][0]["device"].split("@")[1]
+        warmed = after[address]["kernels"].get(1, 0) - before[address]["kernels"].get(1, 0)
+        assert warmed > 0  # kernels ran on gpu(1), the server's, before its first push
+    finally:
+        kv.close()

@@ -35,7 +35,17 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import Device, cpu, gpu, is_cupy, num_gpus
+from ..devices import (
+    Device,
+    array_module,
+    cpu,
+    device_of,
+    empty,
+    gpu,
+    is_cupy,
+    num_gpus,
+    on_device,
+)
 
 _GPU_N = re.compile(r"gpu\((\d+)\)")
 
@@ -102,3 +112,44 @@ def host_copy(array: Any) -> np.ndarray:
 def host_view(array: Any) -> np.ndarray:
     """The array itself on the host, or a host copy of a device array."""
     return array.get() if is_cupy(array) else array
+
+
+def packed_on_host(arrays: list[Any]) -> np.ndarray:
+    """:func:`labkv.cluster._pack.pack` of stored arrays, with ONE device-to-host
+    copy when they live on a GPU: they are laid out in a device buffer first.
+    A ``.get()`` per small key would stall the worker's event loop (where a
+    server runs) once per key, each a synchronising copy.
+
+    >>> packed_on_host([np.arange(3, dtype=np.int8)]).tolist()
+    [0, 1, 2]
+    """
+    from ._pack import layout, pack
+
+    if not arrays or not is_cupy(arrays[0]):
+        return pack(arrays)
+    device = device_of(arrays[0])
+    offsets, total = layout([a.nbytes for a in arrays])
+    with on_device(device):
+        buf = empty(total, np.uint8, device)
+        for a, off in zip(arrays, offsets, strict=True):
+            if a.nbytes:
+                flat = array_module(a).ascontiguousarray(a).reshape(-1)
+                buf[off : off + a.nbytes] = flat.view(np.uint8)
+        return buf.get()
+
+
+def warm_up(device: Device) -> None:
+    """Run the kernels of a sum and an update once on ``device``: CuPy compiles
+    a kernel on first use, which would otherwise stall the first push a GPU
+    server serves (and with it every server on its worker's event loop)."""
+    if device.kind != "gpu":
+        return
+    from ..reduce import sum_into
+
+    with on_device(device):
+        for dtype in (np.float32, np.float64):
+            a = empty(4, dtype, device)
+            a[...] = 1
+            sum_into(a, [a, a])
+            a *= dtype(0.5)
+            a += array_module(a).sqrt(a) - a

@@ -39,9 +39,16 @@ from ..events import EventBus, summarize
 from ..optimizers import Optimizer
 from ..reduce import sum_into
 from ..shard import Shard
-from ._device import device_label, host_copy, host_view, pick_server_device
+from ._device import (
+    device_label,
+    host_copy,
+    host_view,
+    packed_on_host,
+    pick_server_device,
+    warm_up,
+)
 from ._events import EventStream
-from ._pack import PACK_BELOW, pack, seal, unpack_values, unseal
+from ._pack import PACK_BELOW, seal, unpack_values, unseal
 from ._rounds import (
     Failure,
     Round,
@@ -112,6 +119,7 @@ class Server:
         worker = get_worker()
         self.device = pick_server_device(device, sid, f"Dask worker {worker.address}")
         self.device_name = device_label(self.device)
+        warm_up(self.device)  # first-use kernel compiles now, not inside the first push
         self.sid, self.store_id, self.num_workers = sid, store_id, num_workers
         self.sync, self.timeout, self.topic = sync, timeout, topic
         self.bus = EventBus(store_id)
@@ -566,14 +574,14 @@ class Server:
             value = self.shard.read(key)
             nbytes += value.nbytes
             if value.nbytes < PACK_BELOW:
-                small.append(host_view(value))  # packing copies it
+                small.append(value)  # packed below: one copy to the host for all
                 continue
             if key not in own_round or value.nbytes < _COPY_BELOW:
                 value = host_copy(value)
             big.append(i)
             bigs.append(host_view(value))
         self.bytes_out += nbytes
-        return seal((big, pack(small) if small else None, bigs))
+        return seal((big, packed_on_host(small) if small else None, bigs))
 
     # -- events -----------------------------------------------------------------
     def _emit_receipt(self, key: Key, value: Any, rank: int) -> None:

@@ -129,10 +129,15 @@ cuda = types.SimpleNamespace(Device=Device, runtime=runtime, is_available=lambda
 
 
 # -- arrays ----------------------------------------------------------------------------
+#: What the tests count: device-to-host copies, and kernels run per device ordinal.
+stats: dict[str, Any] = {"to_host": 0, "kernels": {}}
+
+
 def _kernel(*operands: Any) -> int:
     """The device a kernel runs on (the current one); every array operand must be there."""
     current = _current()
     _check_ordinal(current)
+    stats["kernels"][current] = stats["kernels"].get(current, 0) + 1
     for operand in operands:
         if isinstance(operand, ndarray):
             if operand._device != current:
@@ -227,6 +232,7 @@ class ndarray(NDArrayOperatorsMixin):
 
     # host transfers (any current device)
     def get(self, stream: Any = None) -> np.ndarray:
+        stats["to_host"] += 1
         return np.array(self._data, copy=True)
 
     def set(self, arr: Any, stream: Any = None) -> None:
