@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .devices import Device, copy_into, cpu, device_of, empty_like, is_cupy, new_like, to_device
+from .devices import Device, copy_into, cpu, device_of, empty_like, is_cupy, to_device
 from .optimizers import Optimizer
 from .reduce import HomeDevices
 from .shard import Shard
@@ -80,18 +80,10 @@ class LocalStore(KVStore):
         self._shard.set_optimizer(optimizer)
 
     def _optimizer_states(self) -> tuple[int, dict, dict]:
-        optimizer = self._shard.optimizer
-        return optimizer.num_update, dict(optimizer.index_update_count), dict(self._shard.states)
+        return self._shard.export_states()
 
     def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
-        optimizer = self._shard.optimizer
-        optimizer.num_update = num_update
-        optimizer.index_update_count = dict(counts)
-        placed = {}
-        for key, state in states.items():
-            stored = self._shard.read(key)
-            placed[key] = tuple(new_like(stored, array) for array in state)
-        self._shard.states = placed
+        self._shard.import_states(num_update, counts, states)
 
     def _barrier_impl(self) -> None:
         return None

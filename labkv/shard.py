@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .devices import device_of, empty_like, on_device, to_device
+from .devices import device_of, empty_like, new_like, on_device, to_device
 from .events import EventBus, summarize
 from .reduce import sum_into
 
@@ -84,6 +84,35 @@ class Shard:
         """Use ``updater(key, merged, stored)`` from now on (None: back to ASSIGN)."""
         self.updater = updater
         self.optimizer = None
+
+    def export_states(self) -> tuple[int, dict[Key, int], dict[Key, tuple]]:
+        """The optimizer's ``(num_update, per-key update counts, per-key states)``:
+        the one place states leave a shard (a state file, a server's reply).
+
+        >>> from labkv.optimizers import SGD
+        >>> import numpy as np
+        >>> shard = Shard()
+        >>> shard.init("w", np.zeros(2, np.float32))
+        >>> shard.set_optimizer(SGD(learning_rate=0.1, momentum=0.9))
+        >>> shard.apply([("w", [np.ones(2, np.float32)])])
+        >>> shard.export_states()[:2]
+        (1, {'w': 1})
+        """
+        optimizer = self.optimizer
+        return optimizer.num_update, dict(optimizer.index_update_count), dict(self.states)
+
+    def import_states(
+        self, num_update: int, counts: dict[Key, int], states: dict[Key, tuple]
+    ) -> None:
+        """Set what :meth:`export_states` gave (states from any device or the host
+        are placed beside each key's value): the one place states enter a shard."""
+        placed = {
+            key: tuple(new_like(self.values[key], array) for array in state)
+            for key, state in states.items()
+        }
+        self.optimizer.num_update = num_update
+        self.optimizer.index_update_count = dict(counts)
+        self.states = placed
 
     def set_optimizer(self, optimizer: Any) -> None:
         """Run ``optimizer`` on every push from now on; states start fresh."""

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..compression import from_wire, wire_nbytes
-from ..devices import copy_into, empty, new_like, to_device
+from ..devices import copy_into, empty, to_device
 from ..events import EventBus, summarize
 from ..optimizers import Optimizer
 from ..reduce import sum_into
@@ -668,26 +668,18 @@ class Server:
     @_answered
     async def get_states(self) -> tuple[int, dict[Key, int], dict[Key, tuple]]:
         """``(num_update, per-key update counts, per-key state pieces)``."""
-        opt = self.shard.optimizer
-        if opt is None:
+        if self.shard.optimizer is None:
             raise ClusterError(f"server {self.sid} has no optimizer")
-        states = {k: tuple(host_copy(a) for a in st) for k, st in self.shard.states.items()}
-        return opt.num_update, dict(opt.index_update_count), states
+        num_update, counts, states = self.shard.export_states()
+        return num_update, counts, {k: tuple(host_copy(a) for a in st) for k, st in states.items()}
 
     @_answered
     async def set_states(
         self, num_update: int, counts: dict[Key, int], states: dict[Key, tuple]
     ) -> None:
-        opt = self.shard.optimizer
-        if opt is None:
+        if self.shard.optimizer is None:
             raise ClusterError(f"server {self.sid} has no optimizer")
-        placed = {}
-        for key, state in states.items():
-            stored = self.shard.read(key)
-            placed[key] = tuple(new_like(stored, np.asarray(a)) for a in state)
-        opt.num_update = num_update
-        opt.index_update_count = dict(counts)
-        self.shard.states = placed
+        self.shard.import_states(num_update, counts, states)
 
     # -- run control --------------------------------------------------------------
     @_answered
