@@ -47,6 +47,20 @@ def test_notebook_uses_only_documented_public_api(path):
         is_attr = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
         if is_attr and node.value.id == "labkv":
             used.add(node.attr)
+    for node in ast.walk(tree):  # no private module: labkv.widgets._tables is internal
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == "labkv":
+                assert not any(p.startswith("_") for p in parts), f"imports private {module}"
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkv"):
+            for alias in node.names:
+                assert not alias.name.startswith("_"), f"imports private {alias.name}"
     for name in sorted(used):
         assert name in labkv.__all__, f"labkv.{name} is not public API"
         obj = getattr(labkv, name)
