@@ -1,4 +1,6 @@
-"""Reduction of per-device values and broadcast of one value to many outputs.
+"""Reduction of per-device values, and the choice of each key's home GPU.
+
+(Broadcasting a value to many outputs is ``copy_into`` per output, in the stores' pulls.)
 
 ``sum_into(dst, values)`` writes ``values[0] + values[1] + ...`` into the
 existing array ``dst``, adding in place, left to right (MXNet's order, so
@@ -22,7 +24,7 @@ import numpy as np
 
 from .devices import Device, copy_into, is_cupy
 
-__all__ = ["sum_into", "broadcast", "HomeDevices"]
+__all__ = ["sum_into", "HomeDevices"]
 
 
 def _sum_into_numpy(dst: np.ndarray, values: Sequence[Any]) -> None:
@@ -62,18 +64,6 @@ def sum_into(dst: Any, values: Sequence[Any]) -> None:
         _sum_into_cupy(dst, values)
     else:
         _sum_into_numpy(dst, values)
-
-
-def broadcast(src: Any, outs: Sequence[Any]) -> None:
-    """Copy ``src`` into every array of ``outs``, each on its own device.
-
-    >>> a, b = np.zeros(2), np.zeros(2)
-    >>> broadcast(np.ones(2), [a, b])
-    >>> b
-    array([1., 1.])
-    """
-    for out in outs:
-        copy_into(out, src)
 
 
 class HomeDevices:
