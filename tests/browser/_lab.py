@@ -19,15 +19,24 @@ from pathlib import Path
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 
-def missing_browser() -> str | None:
-    """Why a browser test cannot run here (no chromium, no playwright), or None."""
+def require_browser() -> None:
+    """Skip a browser test where chromium or playwright is missing; under CI
+    (``CI`` set) fail instead: the browser tests must run there."""
+    import pytest
+
+    reason = None
     if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} not found: apt-get install -y chromium"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "python package playwright not installed: pip install -e '.[test]'"
-    return None
+        reason = f"{CHROMIUM} not found: apt-get install -y chromium"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            reason = "python package playwright not installed: pip install -e '.[test]'"
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"the browser test must run in CI: {reason}")
+    pytest.skip(reason)
 
 
 CHROME_ARGS = [

@@ -42,7 +42,7 @@ from tests.browser._lab import (
     KERNEL_IDLE,
     LOG_ENTRIES,
     RUN_ALL,
-    missing_browser,
+    require_browser,
     start_lab,
     stop_lab,
 )
@@ -111,11 +111,7 @@ def _readme_lab_options() -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """One JupyterLab over a copy of the repository's course, and one chromium."""
-    reason = missing_browser()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"the browser test must run in CI: {reason}")
-        pytest.skip(reason)
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     root = tmp_path_factory.mktemp("course")

@@ -10,7 +10,6 @@ when chromium or playwright is absent; under CI (``CI`` set) it fails instead.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shutil
@@ -23,7 +22,7 @@ from tests.browser._lab import (
     CHROMIUM,
     KERNEL_IDLE,
     RUN_ALL,
-    missing_browser,
+    require_browser,
     start_lab,
     stop_lab,
 )
@@ -64,11 +63,7 @@ def _row(sample: dict, key: str) -> list[str] | None:
 
 
 def test_monitor_is_live_in_jupyterlab(tmp_path):
-    reason = missing_browser()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"the browser test must run in CI: {reason}")
-        pytest.skip(reason)
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     root = tmp_path / "lab"
