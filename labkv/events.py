@@ -86,7 +86,8 @@ class Event:
 
     ``op`` is one of ``init``, ``push``, ``pull``, ``update`` (a custom
     updater call), ``optimizer`` (an optimizer step), ``barrier``, or a
-    cluster op (``round``, ``server``). ``devices`` names where the values
+    cluster op (``round``, ``server``, ``clock``: a dist_ssp pull's view of
+    the ranks' clocks of a key and how long it waited). ``devices`` names where the values
     came from (push) or went to (pull); ``summary`` holds ``min/max/mean/norm``
     of the value the event is about; ``before``/``after`` the stored value's
     summary around an update.
