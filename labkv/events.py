@@ -13,6 +13,9 @@ before it makes an event, so an unwatched store pays one attribute read.
 >>> seen[0].op, seen[0].key, seen[0].shape
 ('init', 3, (2, 3))
 >>> handle.unsubscribe()
+
+Recorded events export as a Chrome / Perfetto trace (:func:`export_trace`,
+:func:`to_trace`): one track per rank and per server.
 """
 
 from __future__ import annotations
@@ -30,9 +33,18 @@ from typing import Any
 
 import numpy as np
 
+from ._trace import export_trace, to_trace
 from .devices import array_module, device_of, is_cupy, on_device, to_device
 
-__all__ = ["Event", "EventBus", "Subscription", "summarize", "summarize_sum"]
+__all__ = [
+    "Event",
+    "EventBus",
+    "Subscription",
+    "export_trace",
+    "summarize",
+    "summarize_sum",
+    "to_trace",
+]
 
 Key = int | str
 

@@ -472,7 +472,7 @@ class Server:
             rank=rank,
             server=self.sid,
             extra={
-                "clocks": clocks,
+                "clocks": [clocks[r] for r in sorted(clocks)],  # by rank (msgpack: no int keys)
                 "clock": clocks.get(rank, 0),
                 "staleness": self.clocks.staleness,
                 "slowest": slowest,

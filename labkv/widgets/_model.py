@@ -114,7 +114,8 @@ class ServerLoad:
 class MonitorModel:
     """Counters, rings and tables over a stream of :class:`~labkv.events.Event`.
 
-    Everything is bounded: the event log and the updater trace are rings,
+    Everything is bounded: the event log, the updater trace and the
+    timeline (what :meth:`Monitor.export_trace` writes) are rings,
     the per-server history is a ring, at most ``max_keys`` keys are tracked
     (``dropped_keys`` counts the rest), and at most ``max_pending`` events
     wait for a flush before the callback folds them itself.
@@ -127,6 +128,7 @@ class MonitorModel:
         history: int = 300,
         max_keys: int = 10_000,
         max_pending: int = 10_000,
+        timeline_size: int = 20_000,
     ):
         self.lock = threading.RLock()
         self._pending: deque[Event] = deque()
@@ -136,6 +138,8 @@ class MonitorModel:
         self._history = history
         self.log: deque[Event] = deque(maxlen=log_size)
         self.trace: deque[Event] = deque(maxlen=trace_size)
+        #: every event folded but server load reports: what a trace export holds
+        self.timeline: deque[Event] = deque(maxlen=timeline_size)
         self.reset()
 
     def reset(self) -> None:
@@ -144,6 +148,7 @@ class MonitorModel:
             self._pending.clear()
             self.log.clear()
             self.trace.clear()
+            self.timeline.clear()
             self.counts: Counter[str] = Counter()
             self.keys: dict[Key, KeyStats] = {}
             self.fanin: dict[Key, FanIn] = {}
@@ -214,6 +219,7 @@ class MonitorModel:
         if op == "load":
             self._fold_load(e)
             return
+        self.timeline.append(e)
         tally = e.extra.get("tally", False)  # counted calls only: no detail to show
         if not tally:
             self.log.append(e)
