@@ -259,12 +259,12 @@ class Clocks:
 
     def tick(self, rank: int, keys: list[Any]) -> None:
         """``rank`` pushed each of ``keys`` once."""
+        clocks = self.clocks
         for key in keys:
-            row = self.clocks.get(key)
-            if row is None or len(row) < self.num_workers:
-                row = self.clocks[key] = (row or []) + [0] * (self.num_workers - len(row or []))
-            if rank < len(row):
-                row[rank] += 1
+            row = clocks.get(key)
+            if row is None:
+                row = clocks[key] = [0] * max(self.num_workers, rank + 1)
+            row[rank] += 1
 
     def of(self, key: Any) -> dict[int, int]:
         """rank -> clock of ``key`` (0 for a rank that has not pushed it)."""
@@ -280,11 +280,11 @@ class Clocks:
         return self.clock(key, rank) - self.staleness
 
     def ready(self, key: Any, rank: int) -> bool:
-        need = self.needed(key, rank)
-        if need <= 0:
-            return True
         row = self.clocks.get(key)
-        return row is not None and len(row) >= self.num_workers and min(row) >= need
+        if row is None:
+            return True  # nobody pushed it: every clock is 0
+        need = (row[rank] if rank < len(row) else 0) - self.staleness
+        return need <= 0 or (len(row) >= self.num_workers and min(row) >= need)
 
     def slowest(self, key: Any) -> tuple[list[int], int]:
         """The ranks with the lowest clock of ``key``, and that clock."""

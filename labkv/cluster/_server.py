@@ -453,14 +453,14 @@ class Server:
         rank = self.rank_of.get(sender)
         if rank is None:
             return
-        clocks = self.clocks
+        clocks, watched = self.clocks, self.bus.active
         for key in keys:
-            start = time.monotonic()
+            start = time.monotonic() if watched else 0.0
             if not clocks.ready(key, rank):
                 await self._wait(
                     lambda k=key: clocks.ready(k, rank), lambda k=key: clocks.behind(k, rank)
                 )
-            if self.bus.active and self.first_piece.get(key, True):
+            if watched and self.first_piece.get(key, True):
                 self._emit_clocks(key, rank, time.monotonic() - start)
 
     def _emit_clocks(self, key: Key, rank: int, waited: float) -> None:
