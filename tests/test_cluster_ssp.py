@@ -219,3 +219,57 @@ def test_a_shared_store_keeps_its_staleness(handle):
             run(_rank_1_stops, num_workers=2, kvstore=kv, staleness=2)
     finally:
         kv.close()
+
+
+def _rank_1_sleeps(kv):
+    kv.init("w", np.zeros(4))
+    for _ in range(6):
+        if kv.rank == 1:
+            time.sleep(0.25)
+        kv.push("w", np.ones(4))
+        kv.pull("w")
+
+
+def test_the_clocks_panel_shows_the_slow_rank_as_slowest(handle):
+    import threading
+
+    from labkv.widgets import monitor
+    from labkv.widgets._tables import clocks_table
+
+    kv = labkv.create("dist_ssp", cluster=handle, num_servers=2, staleness=1)
+    mon = monitor(kv)
+    seen = []
+    try:
+        kv.init("w", np.zeros(4))
+        errors = []
+
+        def go():
+            try:
+                run(_rank_1_sleeps, num_workers=2, kvstore=kv, timeout=20)
+            except Exception as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=go)
+        thread.start()
+        while thread.is_alive():  # what the panel shows while the ranks run
+            mon.refresh()
+            with mon.model.lock:
+                clocks = mon.model.clocks.get("w")
+                if clocks is not None and clocks.clocks:
+                    seen.append((list(clocks.clocks), clocks.slowest(), dict(clocks.waited)))
+            time.sleep(0.05)
+        assert not errors, errors
+        time.sleep(0.3)
+        mon.refresh()
+        headers, rows = clocks_table(mon.model)
+        text = mon.summary()
+    finally:
+        mon.close()
+        kv.close()
+    assert seen, "no clock events reached the monitor"
+    assert any(slowest == [1] for _, slowest, _ in seen), seen
+    assert not any(slowest == [0] for _, slowest, _ in seen), seen  # the fast rank never lags
+    _, _, waited = seen[-1]
+    assert waited.get(0, 0.0) > waited.get(1, 0.0)  # the fast rank is the one that waits
+    assert headers[:4] == ["key", "staleness", "slowest", "spread"] and rows[0][1] == "1"
+    assert "clocks (dist_ssp)" in text

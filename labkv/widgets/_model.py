@@ -32,7 +32,7 @@ from typing import Any
 
 from ..events import Event
 
-__all__ = ["FanIn", "KeyStats", "MonitorModel", "ServerLoad"]
+__all__ = ["FanIn", "KeyClocks", "KeyStats", "MonitorModel", "ServerLoad"]
 
 Key = int | str
 Summary = dict[str, float]
@@ -97,6 +97,47 @@ class FanIn:
 
 
 @dataclass
+class KeyClocks:
+    """One key's dist_ssp clocks, from the ``clock`` events of its pulls: every
+    rank's clock (its pushes of the key), and per rank how long its pulls
+    waited for the slowest (``waited``: in total; ``last_wait``: the last pull).
+
+    >>> c = KeyClocks("w")
+    >>> c.fold(Event(0, 1.0, "s", "clock", "w", rank=0, extra={"clocks": [4, 1],
+    ...     "staleness": 2, "waited_s": 0.25}))
+    >>> c.clocks, c.slowest(), c.waited
+    ([4, 1], [1], {0: 0.25})
+    """
+
+    key: Key
+    clocks: list[int] = field(default_factory=list)
+    staleness: int = 0
+    waited: dict[int, float] = field(default_factory=dict)
+    last_wait: dict[int, float] = field(default_factory=dict)
+    pulls: dict[int, int] = field(default_factory=dict)
+    time: float = 0.0
+
+    def fold(self, e: Event) -> None:
+        x = e.extra
+        # One server reports a key's clocks (slice 0's), in order: the newest holds.
+        # (A new run on the same store starts them from 0 again.)
+        self.clocks = list(x.get("clocks", ()))
+        self.staleness = int(x.get("staleness", self.staleness))
+        waited = float(x.get("waited_s", 0.0))
+        self.waited[e.rank] = self.waited.get(e.rank, 0.0) + waited
+        self.last_wait[e.rank] = waited
+        self.pulls[e.rank] = self.pulls.get(e.rank, 0) + e.count
+        self.time = max(self.time, e.time)
+
+    def slowest(self) -> list[int]:
+        """The ranks with the lowest clock."""
+        if not self.clocks:
+            return []
+        low = min(self.clocks)
+        return [r for r, c in enumerate(self.clocks) if c == low]
+
+
+@dataclass
 class ServerLoad:
     """Bytes in/out of one server: from its ``load`` events, else summed from
     the push/pull events that name it; ``history`` is a ring of ``(time, in, out)``."""
@@ -152,6 +193,7 @@ class MonitorModel:
             self.counts: Counter[str] = Counter()
             self.keys: dict[Key, KeyStats] = {}
             self.fanin: dict[Key, FanIn] = {}
+            self.clocks: dict[Key, KeyClocks] = {}
             self.servers: dict[Any, ServerLoad] = {}
             self.changed: set[Key] = set()
             self.server_changed: set[Key] = set()
@@ -223,6 +265,11 @@ class MonitorModel:
         tally = e.extra.get("tally", False)  # counted calls only: no detail to show
         if not tally:
             self.log.append(e)
+        if op == "clock":
+            if e.key is not None:
+                clocks = self.clocks.get(e.key) or self.clocks.setdefault(e.key, KeyClocks(e.key))
+                clocks.fold(e)
+            return
         if op == "round":
             if e.key is not None:
                 fan = self.fanin.get(e.key) or self.fanin.setdefault(e.key, FanIn(e.key))

@@ -21,6 +21,7 @@ from ._html import STYLE, esc, table_html
 from ._model import MonitorModel
 from ._tables import (
     EventRows,
+    clocks_table,
     fanin_table,
     fmt_key,
     fmt_num,
@@ -264,6 +265,7 @@ class Dashboard:
         )
         self.value_caption = _html("labkv-value-caption")
         self.fanin = _html("labkv-fanin-view")
+        self.clocks = _html("labkv-clocks-view")
         self.servers = _html("labkv-servers-view")
         self.plots = _Plots()
         for w in (self.key_filter, self.op_filter):
@@ -277,7 +279,7 @@ class Dashboard:
         # rows: these keep the rows made and drawn, so only new ones cost anything.
         self._log_made, self._trace_made = EventRows(log_row), EventRows(trace_row)
         self._drawn: dict[str, dict] = {
-            name: {} for name in ("keys", "trace", "servers", "log", "fanin")
+            name: {} for name in ("keys", "trace", "servers", "log", "fanin", "clocks")
         }
         # Compact: the one-line header always, the sections as tabs below it, each
         # at most PANE_HEIGHT tall (scrolling inside), so the monitor stays on screen
@@ -298,7 +300,12 @@ class Dashboard:
                 _pane(
                     W.HBox(
                         [
-                            _section("fan-in (dist_sync round)", self.fanin),
+                            W.VBox(
+                                [
+                                    _section("fan-in (dist_sync round)", self.fanin),
+                                    _section("clocks (dist_ssp)", self.clocks),
+                                ]
+                            ),
                             _section("server load", self.servers, self.plots.load_widget),
                         ]
                     )
@@ -355,6 +362,10 @@ class Dashboard:
             )
             note = trace_note(model, len(trace[1])) if trace[1] else ""
             _set(self.trace_note, value=f'<span class="labkv-empty">{esc(note)}</span>')
+            clocks = table_html(
+                *clocks_table(model), "labkv-clocks", "no dist_ssp pulls", self._drawn["clocks"]
+            )
+            _set(self.clocks, value=clocks)
             _set(
                 self.servers,
                 value=table_html(

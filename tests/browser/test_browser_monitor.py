@@ -39,6 +39,7 @@ SAMPLE = """() => {
   const txt = sel => { const e = document.querySelector(sel); return e ? e.textContent.trim() : null; };
   const prompts = [...document.querySelectorAll('.jp-InputPrompt')].map(e => e.textContent.trim());
   return {keys: rows('.labkv-keys'), fanin: rows('.labkv-fanin'), servers: rows('.labkv-servers'),
+          clocks: rows('.labkv-clocks'),
           caption: txt('.labkv-value-caption'), header: txt('.labkv-header'),
           trace: rows('.labkv-trace'),
           busy: prompts.filter(p => p.includes('*')).length,
@@ -125,6 +126,8 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
     assert len(live - {"0", str(N_PUSH)}) >= 2, sorted(live)
     # dist views from events delivered on a background thread
     assert final["fanin"][0][4:] == ["pushed", "pushed", "MISSING"], final["fanin"]
+    assert final["clocks"][0][1:4] == ["5", "rank 1", "5"], final["clocks"]
+    assert final["clocks"][0][4:] == ["9 · waited 0.75 s (last 0.75 s)", "4 SLOWEST", "8"]
     assert [r[1:3] for r in final["servers"]] == [
         ["gpu(0)", "4.0 KiB"],
         ["gpu(1)", "8.0 KiB"],
