@@ -5,12 +5,13 @@ each server is a process in the trace; its threads are the tracks:
 
 - rank ``r``: ``calls`` (its push, pull and init calls, from the call's start to
   its end) and ``updates`` (updater and optimizer steps run in that process);
-- server ``s``: ``receipts`` (pushes it received), ``updates``, and one ``waits
-  of rank r`` track per rank (a dist_ssp pull waiting for the slowest rank, a
-  dist_sync round waiting for its last push).
+- server ``s``: ``receipts`` (pushes it received), ``updates``, ``rounds``
+  (a dist_sync round, from its first push to its last) and one ``waits of
+  rank r`` track per rank (a dist_ssp pull waiting for the slowest rank).
 
-Every event becomes one span (a ``B`` and its ``E``); ``round`` events of
-dist_sync servers are instants (``i``). A span's arguments are ``key``,
+Every event becomes one span (a ``B`` and its ``E``), but a dist_sync
+server's report of a push joining a round that is still open, an instant
+(``i``). A span's arguments are ``key``,
 ``bytes``, ``count`` (calls it stands for: the bus may count busy calls without
 detail), ``rank`` and ``round``: for a push, the how-many-th push of that key
 by that rank among the events exported (a dist_ssp clock, a dist_sync round);
@@ -41,7 +42,8 @@ __all__ = ["export_trace", "to_trace"]
 _MIN_US = 1.0  # the length of a span whose event knows no duration
 _SERVER_PID = 1000  # server s is process 1000 + s; rank r is process 1 + r
 _CALLS, _UPDATES = 0, 1  # threads of a rank; of a server: receipts, updates, waits
-_WAITS = 2  # server thread 2 + r: the waits of rank r
+_ROUNDS = 2  # server thread 2: dist_sync rounds
+_WAITS = 3  # server thread 3 + r: the waits of rank r
 _UPDATER_OPS = frozenset({"update", "optimizer"})
 _SKIPPED = frozenset({"load", "server"})  # server load reports: not spans
 
@@ -52,7 +54,9 @@ def _track(e: Any) -> tuple[int, int]:
     if e.server is None:
         return 1 + e.rank, _UPDATES if op in _UPDATER_OPS else _CALLS
     pid = _SERVER_PID + int(e.server)
-    if op in ("clock", "round"):
+    if op == "round":
+        return pid, _ROUNDS
+    if op == "clock":
         return pid, _WAITS + e.rank
     return pid, _UPDATES if op in _UPDATER_OPS else _CALLS
 
@@ -62,7 +66,8 @@ def to_trace(
     keys: Iterable[Any] | None = None,
     ranks: Iterable[int] | None = None,
 ) -> dict[str, Any]:
-    """``{"traceEvents": [...], "displayTimeUnit": "ms"}`` of ``events`` (see
+    """``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {"start_time":
+    t0}}`` of ``events`` (``ts`` in microseconds after ``t0``; see
     module doc), keeping only the events of ``keys`` and of ``ranks`` when given
     (a server's update events name no rank: they stay).
 
@@ -116,7 +121,7 @@ def to_trace(
             args["waited_ms"] = round(extra.get("waited_s", 0.0) * 1e3, 3)
         if track not in names:
             names[track] = _name(e, tid)
-        if op == "round":
+        if op == "round" and not extra.get("complete"):
             instant = {"name": op, "ph": "i", "s": "t", "ts": end, "pid": pid, "tid": tid}
             out.append(instant | {"args": args})
             continue
@@ -129,7 +134,8 @@ def to_trace(
         meta.append(_meta("process_sort_index", pid, 0, pid, key="sort_index"))
     for (pid, tid), label in sorted(names.items()):
         meta.append(_meta("thread_name", pid, tid, label))
-    return {"traceEvents": meta + out, "displayTimeUnit": "ms"}
+    # otherData: free-form metadata the format allows; when ts 0 is (seconds since the epoch)
+    return {"traceEvents": meta + out, "displayTimeUnit": "ms", "otherData": {"start_time": t0}}
 
 
 def _begin(e: Any) -> float:
@@ -142,6 +148,8 @@ def _name(e: Any, tid: int) -> str:
         return "updates" if tid == _UPDATES else "calls"
     if tid >= _WAITS:
         return f"waits of rank {tid - _WAITS}"
+    if tid == _ROUNDS:
+        return "rounds"
     return "updates" if tid == _UPDATES else "receipts"
 
 

@@ -125,3 +125,24 @@ def test_a_dist_ssp_run_has_rank_and_server_tracks_and_waits(handle, tmp_path):
     waits = [e for e in trace["traceEvents"] if e["ph"] == "B" and e["name"] == "clock"]
     fast = [e["args"]["waited_ms"] for e in waits if e["args"]["rank"] == 0]
     assert fast and max(fast) > 20  # rank 0 waited for the slow rank 1
+
+
+def test_a_completed_sync_round_is_a_span_an_open_one_an_instant():
+    events = [
+        Event(0, 10.0, "s", "round", "w", server=0, extra={"round": 3, "waited_s": 0.0}),
+        Event(
+            1,
+            12.0,
+            "s",
+            "round",
+            "w",
+            server=0,
+            extra={"round": 3, "waited_s": 2.0, "complete": True},
+        ),
+    ]
+    trace = to_trace(events)
+    _check_schema_and_pairs(trace)
+    shown = [(e["ph"], e["ts"]) for e in trace["traceEvents"] if e["name"] == "round"]
+    assert shown == [("i", 0.0), ("B", 0.0), ("E", 2e6)]
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {"rounds"}

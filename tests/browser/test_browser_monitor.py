@@ -46,6 +46,14 @@ SAMPLE = """() => {
           out: [...document.querySelectorAll('.jp-OutputArea-output pre')].map(e => e.textContent).join('\\n')};
 }"""
 
+# The timeline's bars in BokehJS: how many its data source holds.
+BOKEH_TIMELINE_BARS = """() => {
+  for (const d of (window.Bokeh && window.Bokeh.documents) || [])
+    for (const m of d.all_models)
+      if ('data' in m && m.data.track && m.data.waited_ms) return m.data.track.length;
+  return null;
+}"""
+
 # The value view's heatmap in BokehJS: the largest number of the image data.
 BOKEH_IMAGE_MAX = """() => {
   let best = null;
@@ -102,6 +110,9 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
             page.wait_for_timeout(400)  # the last 10 Hz tick
             final = page.evaluate(SAMPLE)
             image_max = page.evaluate(BOKEH_IMAGE_MAX)
+            page.get_by_text("timeline", exact=True).first.click()
+            page.wait_for_function(f"() => ({BOKEH_TIMELINE_BARS})() > 0", timeout=10_000)
+            timeline_bars = page.evaluate(BOKEH_TIMELINE_BARS)
             hostile_cells = page.locator(".labkv-keys td", has_text=HOSTILE).count()
             injected = page.evaluate("() => document.querySelectorAll('img[src=\"x\"]').length")
             js_error = page.get_by_text("Click to show javascript error").count()
@@ -120,6 +131,7 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
     assert w[7:10] == ["120"] * 3, w  # min max mean: 0 + 60 pushes of ones, times 2
     assert re.search(r"\bmin 120 max 120 mean 120\b", final["caption"] or ""), final["caption"]
     assert image_max == 2 * N_PUSH, image_max
+    assert timeline_bars > 0  # the timeline tab's bars reached BokehJS
     assert final["trace"][0][-1] == "stored += input * 2", final["trace"][0]
     # live: the busy push cell's counts reached the page while it ran
     live = {_row(s, "w")[2] for s in samples if s["busy"] and _row(s, "w")}
