@@ -27,10 +27,11 @@ __version__ = "0.1.0"
 def create(name: str = "local", **kwargs: Any) -> KVStore:
     """Make a KVStore: ``'local'`` (values summed on the CPU) or ``'device'``
     (summed on a GPU when the values are CuPy arrays), or a distributed one on
-    Dask, ``'dist_sync'``, ``'dist_async'``, ``'dist_device_sync'`` or
-    ``'dist_async_device'``, whose keyword arguments (``cluster``,
-    ``num_servers``, ``bigarray_bound``, ``timeout``, ``server_workers``,
-    ``server_device``) are those of :func:`labkv.cluster.create_store`.
+    Dask, ``'dist_sync'``, ``'dist_async'``, ``'dist_device_sync'``,
+    ``'dist_async_device'`` or ``'dist_ssp'`` (bounded staleness), whose keyword
+    arguments (``cluster``, ``num_servers``, ``bigarray_bound``, ``timeout``,
+    ``server_workers``, ``server_device``, ``staleness``) are those of
+    :func:`labkv.cluster.create_store`.
 
     Names are case-insensitive, and every name MXNet 1.9.1 gives a local or
     dist store works too (``'local_allreduce_cpu'``, ``'local_update_cpu'``,

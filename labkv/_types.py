@@ -29,11 +29,13 @@ STORE_TYPES: dict[str, str] = {
     "dist_device_sync": "dist_device_sync",
     "dist_sync_device": "dist_device_sync",
     "dist_async_device": "dist_async_device",
+    "dist_ssp": "dist_ssp",  # labkv's own: bounded staleness (no MXNet name)
 }
 LOCAL_KINDS = ("local", "device")
 SYNC_KINDS = ("dist_sync", "dist_device_sync")
 ASYNC_KINDS = ("dist_async", "dist_async_device")
-DIST_KINDS = SYNC_KINDS + ASYNC_KINDS
+SSP_KINDS = ("dist_ssp",)
+DIST_KINDS = SYNC_KINDS + ASYNC_KINDS + SSP_KINDS
 # Names MXNet 1.9.1 registers for stores of other libraries.
 _ELSEWHERE = {"horovod": "Horovod", "byteps": "BytePS", "teststore": "MXNet's tests"}
 

@@ -13,6 +13,9 @@ before it makes an event, so an unwatched store pays one attribute read.
 >>> seen[0].op, seen[0].key, seen[0].shape
 ('init', 3, (2, 3))
 >>> handle.unsubscribe()
+
+Recorded events export as a Chrome / Perfetto trace (:func:`export_trace`,
+:func:`to_trace`): one track per rank and per server.
 """
 
 from __future__ import annotations
@@ -30,9 +33,18 @@ from typing import Any
 
 import numpy as np
 
+from ._trace import export_trace, to_trace
 from .devices import array_module, device_of, is_cupy, on_device, to_device
 
-__all__ = ["Event", "EventBus", "Subscription", "summarize", "summarize_sum"]
+__all__ = [
+    "Event",
+    "EventBus",
+    "Subscription",
+    "export_trace",
+    "summarize",
+    "summarize_sum",
+    "to_trace",
+]
 
 Key = int | str
 
@@ -86,7 +98,8 @@ class Event:
 
     ``op`` is one of ``init``, ``push``, ``pull``, ``update`` (a custom
     updater call), ``optimizer`` (an optimizer step), ``barrier``, or a
-    cluster op (``round``, ``server``). ``devices`` names where the values
+    cluster op (``round``, ``server``, ``clock``: a dist_ssp pull's view of
+    the ranks' clocks of a key and how long it waited). ``devices`` names where the values
     came from (push) or went to (pull); ``summary`` holds ``min/max/mean/norm``
     of the value the event is about; ``before``/``after`` the stored value's
     summary around an update.

@@ -17,6 +17,7 @@ array([[2., 2., 2.],
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -221,6 +222,7 @@ class KVStore:
             self._push_items(merge_repeated(keys, arrays))
 
     def _push_items(self, items: Items) -> None:
+        start = time.time() if self.events.active else 0.0  # the start of its span in a trace
         commit = None
         sent = items
         if self._compression is not None:
@@ -242,7 +244,7 @@ class KVStore:
                 nbytes = self._nbytes(k) * len(values)
                 admitted = events.admit("push", k, nbytes, self.rank, None, len(values))
                 if admitted:
-                    self._emit_push(k, values, *admitted)
+                    self._emit_push(k, values, *admitted, start)
             if self._deferred_events:
                 self._flush_events()
 
@@ -254,7 +256,9 @@ class KVStore:
             nbytes = self._sizes[key] = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return nbytes
 
-    def _emit_push(self, key: Key, values: list[Any], count: int, nbytes: int) -> None:
+    def _emit_push(
+        self, key: Key, values: list[Any], count: int, nbytes: int, start: float = 0.0
+    ) -> None:
         per_device = [summarize(v) for v in values]
         total = per_device[0] if len(values) == 1 else summarize_sum(values)
         self.events.emit(
@@ -266,7 +270,7 @@ class KVStore:
             nbytes=nbytes,
             count=count,
             summary=total,
-            extra={"per_device": per_device},
+            extra={"per_device": per_device, "start": start},
         )
 
     # -- pull ----------------------------------------------------------------
@@ -305,6 +309,7 @@ class KVStore:
         return None
 
     def _pull_items(self, items: Items) -> None:
+        start = time.time() if self.events.active else 0.0
         self._pull_impl(items)
         events = self.events
         if events.active:
@@ -327,6 +332,7 @@ class KVStore:
                         devices=tuple(str(device_of(o)) for o in outs),
                         count=admitted[0],
                         nbytes=admitted[1],
+                        extra={"start": start},
                     )
 
     def pushpull(

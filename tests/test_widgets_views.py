@@ -259,3 +259,40 @@ def test_compact_layout_constant_value_and_caption(watched):
     # the caption is two lines that do not wrap
     assert "</span> <br><span>min 10" in d.value_caption.value
     assert "1 event · 1 key · init 1" in d.header.value
+
+
+def test_timeline_shows_a_straggler_and_the_waits_for_it(watched):
+    kv, mon = watched
+    _ = mon.widget
+    d = mon._dashboard
+    t = time.time()
+    events = [  # rank 0 pushes and pulls 4 times; rank 1 once; rank 0's pulls wait for it
+        Event(i, t + 0.1 * i, "dist_ssp", op, "w", rank=0, extra={"start": t + 0.1 * i - 0.01})
+        for i, op in enumerate(["push", "pull"] * 4)
+    ]
+    events.append(Event(9, t + 0.8, "dist_ssp", "push", "w", rank=1, extra={"start": t + 0.7}))
+    events.append(
+        Event(10, t + 0.8, "dist_ssp", "clock", "w", rank=0, server=0, extra={"waited_s": 0.5})
+    )
+    kv.events.deliver_many(events)
+    mon.refresh()
+    plots = d.plots
+    bars = plots.timeline_source.data
+    assert plots.timeline_fig.y_range.factors == [
+        "server 0 · waits of rank 0",
+        "rank 1 · calls",
+        "rank 0 · calls",
+    ]
+    per_track = {track: bars["track"].count(track) for track in set(bars["track"])}
+    assert per_track == {
+        "rank 0 · calls": 8,
+        "rank 1 · calls": 1,
+        "server 0 · waits of rank 0": 1,
+    }
+    wait = bars["op"].index("clock")
+    assert bars["right"][wait] - bars["left"][wait] == pytest.approx(0.5, abs=1e-3)
+    assert bars["color"][wait] == "#d62728"
+    assert "1 waits (red)" in plots.timeline_fig.title.text
+    d.value_key.value = "w"  # the timeline follows the chosen key
+    mon.refresh()
+    assert "timeline of key w" in plots.timeline_fig.title.text

@@ -195,3 +195,116 @@ class UpdateQueue:
     def decided(self, sender: str) -> None:
         self.busy = False
         self.undecided[sender] -= 1
+
+
+def check_staleness(kind: str, staleness: Any) -> int | None:
+    """The staleness bound of a store of ``kind`` (None for kinds without one);
+    a ``dist_ssp`` store needs a non-negative int, the others take none.
+
+    >>> check_staleness("dist_ssp", 2), check_staleness("dist_sync", None)
+    (2, None)
+    >>> check_staleness("dist_ssp", -1)
+    Traceback (most recent call last):
+    ...
+    ValueError: staleness must be a non-negative int (rounds), got -1
+    >>> check_staleness("dist_async", 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: staleness applies to 'dist_ssp' stores only, not 'dist_async'
+    """
+    if kind != "dist_ssp":
+        if staleness is not None:
+            raise ValueError(f"staleness applies to 'dist_ssp' stores only, not {kind!r}")
+        return None
+    if staleness is None:
+        raise ValueError(
+            "a 'dist_ssp' store needs staleness=s: how many rounds a rank may run "
+            "ahead of the slowest (0: as dist_sync; large: as dist_async)"
+        )
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ValueError(f"staleness must be a non-negative int (rounds), got {staleness!r}")
+    return staleness
+
+
+class Clocks:
+    """dist_ssp (stale synchronous parallel) clocks of the keys on one server.
+
+    A rank's clock of a key is the number of its pushes of that key applied
+    here: one push advances the clock of every key it carries by one (a list
+    push is one round for each of its keys; per-device values of a key are one
+    push). Pushes are applied as they arrive, as in dist_async; only a pull
+    waits: a pull of ``key`` by a rank at clock ``c`` returns once every rank's
+    clock of ``key`` is at least ``c - staleness``. ``staleness=0`` is
+    bulk-synchronous (a pull sees every rank's pushes of the rounds before);
+    a large bound never waits, as dist_async.
+
+    >>> c = Clocks(staleness=1, num_workers=2)
+    >>> c.tick(0, ["w"]); c.tick(0, ["w"]); c.tick(1, ["w"])
+    >>> c.of("w")
+    {0: 2, 1: 1}
+    >>> c.ready("w", rank=0)  # rank 0 at clock 2 needs every rank at 1
+    True
+    >>> c.tick(0, ["w"])
+    >>> c.ready("w", rank=0)  # at clock 3 it needs rank 1 at 2
+    False
+    >>> c.behind("w", rank=0)
+    "rank 0's pull of key 'w' at clock 3 (staleness 1) waits for every rank to reach clock 2; slowest: rank 1 at clock 1 (clocks: {0: 3, 1: 1})"
+    """
+
+    __slots__ = ("staleness", "num_workers", "clocks")
+
+    def __init__(self, staleness: int, num_workers: int) -> None:
+        self.staleness, self.num_workers = staleness, num_workers
+        self.clocks: dict[Any, list[int]] = {}  # key -> clock per rank
+
+    def tick(self, rank: int, keys: list[Any]) -> None:
+        """``rank`` pushed each of ``keys`` once."""
+        clocks = self.clocks
+        for key in keys:
+            row = clocks.get(key)
+            if row is None:
+                row = clocks[key] = [0] * max(self.num_workers, rank + 1)
+            row[rank] += 1
+
+    def of(self, key: Any) -> dict[int, int]:
+        """rank -> clock of ``key`` (0 for a rank that has not pushed it)."""
+        row = self.clocks.get(key, [])
+        return {r: row[r] if r < len(row) else 0 for r in range(self.num_workers)}
+
+    def clock(self, key: Any, rank: int) -> int:
+        row = self.clocks.get(key)
+        return row[rank] if row is not None and rank < len(row) else 0
+
+    def needed(self, key: Any, rank: int) -> int:
+        """The clock every rank must reach before ``rank`` may pull ``key``."""
+        return self.clock(key, rank) - self.staleness
+
+    def ready(self, key: Any, rank: int) -> bool:
+        row = self.clocks.get(key)
+        if row is None:
+            return True  # nobody pushed it: every clock is 0
+        need = (row[rank] if rank < len(row) else 0) - self.staleness
+        return need <= 0 or (len(row) >= self.num_workers and min(row) >= need)
+
+    def slowest(self, key: Any) -> tuple[list[int], int]:
+        """The ranks with the lowest clock of ``key``, and that clock."""
+        clocks = self.of(key)
+        low = min(clocks.values())
+        return [r for r, c in clocks.items() if c == low], low
+
+    def behind(self, key: Any, rank: int) -> str:
+        """What ``rank``'s pull of ``key`` waits for, naming the slowest ranks."""
+        clocks = self.of(key)
+        need = self.needed(key, rank)
+        late = {r: c for r, c in clocks.items() if c < need}
+        slow = ", ".join(f"rank {r} at clock {c}" for r, c in sorted(late.items()))
+        return (
+            f"rank {rank}'s pull of key {key!r} at clock {clocks[rank]} (staleness "
+            f"{self.staleness}) waits for every rank to reach clock {need}; slowest: "
+            f"{slow} (clocks: {clocks})"
+        )
+
+    def reset(self, num_workers: int) -> None:
+        """Start over with ``num_workers`` ranks (a new run on the same servers)."""
+        self.num_workers = num_workers
+        self.clocks.clear()

@@ -34,6 +34,7 @@ from ._connect import ClusterHandle, default_handle
 from ._device import parse_server_device
 from ._events import EventStream, topic_of
 from ._placement import DEFAULT_BIGARRAY_BOUND
+from ._rounds import check_staleness
 from ._server import TIMEOUTS, ClusterError
 from ._store import (
     DEFAULT_TIMEOUT_S,
@@ -197,6 +198,7 @@ def run(
     timeout: float = DEFAULT_TIMEOUT_S,
     bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
     server_device: str = "auto",
+    staleness: int | None = None,
 ) -> list[Any]:
     """Run ``fn(kv, *args, **kwargs)`` as ``num_workers`` ranks, one pinned
     Dask task per worker, all on the same servers; the results in rank order.
@@ -211,7 +213,8 @@ def run(
     every wait of the ranks (rounds, init, barrier); ``bigarray_bound`` is the
     size from which values are sliced across servers; ``server_device`` where
     new servers keep their values (``'auto'``: a GPU when their worker has one;
-    see ``labkv.create``).
+    see ``labkv.create``); ``staleness`` the bound of a new ``'dist_ssp'``
+    store (a shared store keeps its own).
 
     >>> from labkv.cluster import connect, run
     >>> def train(kv):
@@ -225,10 +228,16 @@ def run(
     if shared:
         if kvstore._handle is None:
             raise ValueError("only a store made in this process (labkv.create) can be shared")
+        if staleness is not None:
+            raise ValueError(
+                "staleness is set when a 'dist_ssp' store is made; a shared store keeps "
+                f"its own ({kvstore.staleness!r})"
+            )
         handle = kvstore._handle
     else:
         kind = dist_kind(kvstore)
         check_cluster_args(cluster, timeout)
+        staleness = check_staleness(kind, staleness)
         parse_server_device(server_device)
         handle = cluster if cluster is not None else default_handle()
     workers = handle.workers()
@@ -259,6 +268,7 @@ def run(
             server_device,
             bigarray_bound,
             name=kvstore.lower(),
+            staleness=staleness,
         )
     spec = dataclasses.replace(spec, group=group)  # this run's own barrier
     rank_workers = workers[:num_workers]

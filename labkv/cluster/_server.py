@@ -14,6 +14,10 @@ sender's pushes in that order. A pull carries the number of pushes the sender
 has sent to this server and first waits for them, so a rank can send a push
 without waiting for its reply and still read its own write.
 
+dist_ssp clocks (:class:`~._rounds.Clocks`): pushes are applied as in
+dist_async and advance the pushing rank's clock of their keys; a pull waits
+until every rank's clock is within the staleness bound of the puller's.
+
 dist_sync rounds: per key, the server collects one push per rank; the W-th
 completes the round, the sum goes through ``Shard.apply`` once, and the
 round counter advances. A rank's pull waits for the round its last push
@@ -50,6 +54,7 @@ from ._device import (
 from ._events import EventStream
 from ._pack import PACK_BELOW, seal, unpack_values, unseal
 from ._rounds import (
+    Clocks,
     Failure,
     Round,
     UpdateQueue,
@@ -113,6 +118,7 @@ class Server:
         timeout: float,
         topic: str,
         device: str = "cpu",
+        staleness: int | None = None,
     ):
         from distributed import get_worker
 
@@ -145,6 +151,9 @@ class Server:
         self._waiters: dict[asyncio.Future, Callable[[], bool]] = {}
         self.address = worker.address
         self._worker = worker
+        # dist_ssp: per-key clocks of the ranks, and each sender's rank (a pull names its sender)
+        self.clocks = None if staleness is None else Clocks(staleness, num_workers)
+        self.rank_of: dict[str, int] = {}
         self.stream = EventStream(
             self.bus,
             lambda batch: worker.log_event(self.topic, batch),
@@ -297,6 +306,8 @@ class Server:
                 finally:
                     await self._updates_decided(sender, [k for k, _ in queued])
         finally:
+            if self.clocks is not None:
+                self._ticked(sender, rank, keys)
             self.next_seq[sender] = seq + 1
             self._wake()
 
@@ -466,6 +477,48 @@ class Server:
             if failed is not None:
                 raise failed
 
+    # -- dist_ssp clocks ----------------------------------------------------------------
+    def _ticked(self, sender: str, rank: int, keys: list[Key]) -> None:
+        """``rank``'s push of ``keys`` is applied (or failed: it still counts, so
+        that no other rank waits for it forever): advance its clocks."""
+        self.rank_of[sender] = rank
+        self.clocks.tick(rank, [k for k in keys if k in self.meta])
+
+    async def _within_staleness(self, sender: str, keys: list[Key]) -> None:
+        """Wait until every rank is within the staleness bound of ``sender``'s
+        clock of each key (a sender that never pushed here does not wait);
+        with events on, report each key's clocks and how long the pull waited."""
+        rank = self.rank_of.get(sender)
+        if rank is None:
+            return
+        clocks, watched = self.clocks, self.bus.active
+        for key in keys:
+            start = time.monotonic() if watched else 0.0
+            if not clocks.ready(key, rank):
+                await self._wait(
+                    lambda k=key: clocks.ready(k, rank), lambda k=key: clocks.behind(k, rank)
+                )
+            if watched and self.first_piece.get(key, True):
+                self._emit_clocks(key, rank, time.monotonic() - start)
+
+    def _emit_clocks(self, key: Key, rank: int, waited: float) -> None:
+        clocks = self.clocks.of(key)
+        slowest, low = self.clocks.slowest(key)
+        self.bus.emit(
+            "clock",
+            key,
+            rank=rank,
+            server=self.sid,
+            extra={
+                "clocks": [clocks[r] for r in sorted(clocks)],  # by rank (msgpack: no int keys)
+                "clock": clocks.get(rank, 0),
+                "staleness": self.clocks.staleness,
+                "slowest": slowest,
+                "slowest_clock": low,
+                "waited_s": waited,
+            },
+        )
+
     # -- votes on sliced keys ------------------------------------------------------
     def _vote(
         self, key: Key, number: int, error: BaseException | None, push: tuple | None = None
@@ -552,6 +605,8 @@ class Server:
             raise error
         self.messages["pull"] += 1
         await self._pushes_arrived(sender, seq, "this worker")
+        if self.clocks is not None:
+            await self._within_staleness(sender, keys)
         own_round = set()
         if self.sync:
             for key in keys:
@@ -689,6 +744,8 @@ class Server:
         if open_rounds and num_workers != self.num_workers:
             raise ClusterError(f"server {self.sid}: keys {open_rounds} have an open round")
         self.num_workers = num_workers
+        if self.clocks is not None:
+            self.clocks.reset(num_workers)
         self._aborted = None
 
     @_answered

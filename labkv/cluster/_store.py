@@ -58,6 +58,7 @@ from ._device import host_view, parse_server_device
 from ._events import ClusterBus, topic_of
 from ._pack import PACK_BELOW, pack, seal, sealable, unpack_values, unseal
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
+from ._rounds import check_staleness
 from ._server import TIMEOUTS, ClusterError, Server
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -120,6 +121,8 @@ class StoreSpec:
     server_devices: list[str] = field(default_factory=list)
     #: the type name the store was made with (``kv.type``; e.g. MXNet's ``'dist'``)
     name: str = ""
+    #: dist_ssp: how many rounds a rank may run ahead of the slowest (None otherwise)
+    staleness: int | None = None
 
     @property
     def sync(self) -> bool:
@@ -137,11 +140,13 @@ def start_servers(
     bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
     store_id: str | None = None,
     name: str | None = None,
+    staleness: int | None = None,
 ) -> tuple[list[Any], list[Any], StoreSpec]:
     """Start ``num_servers`` server actors of a new store (``store_id``, made
     from ``kind`` by default) round-robin on ``workers`` (default: all, sorted),
     keeping their values on ``device`` (see :mod:`labkv.cluster._device`);
-    ``(futures, actors, spec)``; ``name`` is the type name the user gave.
+    ``(futures, actors, spec)``; ``name`` is the type name the user gave,
+    ``staleness`` a dist_ssp store's bound.
 
     Actors are pinned (``allow_other_workers=False``): a server's keys live in
     its worker's memory, so Dask must never move or re-run it elsewhere. A
@@ -165,6 +170,7 @@ def start_servers(
             timeout,
             topic_of(store_id),
             device,
+            staleness,
             actor=True,
             workers=[addresses[s]],
             allow_other_workers=False,
@@ -203,6 +209,7 @@ def start_servers(
         float(timeout),
         server_devices=devices,
         name=name or kind,
+        staleness=staleness,
     )
     return futures, actors, spec
 
@@ -305,6 +312,17 @@ class DistStore(KVStore):
     def num_workers(self) -> int:
         """How many ranks push to the servers (a dist_sync round waits for all)."""
         return self._num_workers
+
+    @property
+    def staleness(self) -> int | None:
+        """dist_ssp: how many rounds a rank may run ahead of the slowest rank
+        (a pull at clock c waits until every rank has pushed c - staleness
+        times); None for the other types.
+
+        >>> labkv.create("dist_ssp", staleness=2).staleness  # doctest: +SKIP
+        2
+        """
+        return self._spec.staleness
 
     @property
     def num_servers(self) -> int:
@@ -891,6 +909,7 @@ def create_store(
     timeout: float = DEFAULT_TIMEOUT_S,
     server_workers: list[str] | None = None,
     server_device: str = "auto",
+    staleness: int | None = None,
 ) -> DistStore:
     """A ``dist_*`` store for this process (rank 0 of 1): what
     ``labkv.create('dist_sync', cluster=handle, num_servers=S)`` calls.
@@ -903,7 +922,10 @@ def create_store(
     (round-robin). ``timeout`` bounds every cross-process wait.
     ``server_device``: where servers keep their values: ``'auto'`` (the
     worker's GPU when it has one, else the host), ``'cpu'``, ``'gpu'`` or
-    ``'gpu(i)'`` (see ``kv.placement()``).
+    ``'gpu(i)'`` (see ``kv.placement()``). ``staleness`` (``'dist_ssp'``
+    only, required there): a pull by a rank that has pushed a key ``c`` times
+    waits until every rank has pushed it ``c - staleness`` times (0: as
+    dist_sync; large: as dist_async); see ``docs/cluster.md``.
 
     >>> import labkv
     >>> kv = labkv.create("dist_sync", cluster=handle, num_servers=2)  # doctest: +SKIP
@@ -912,6 +934,7 @@ def create_store(
     """
     kind, name = dist_kind(kind), kind.lower()
     check_cluster_args(cluster, timeout)
+    staleness = check_staleness(kind, staleness)
     if num_servers is not None and (not isinstance(num_servers, int) or num_servers < 1):
         raise ValueError(f"num_servers must be a positive int, got {num_servers!r}")
     if int(bigarray_bound) < 1:
@@ -921,6 +944,15 @@ def create_store(
     workers = server_workers or handle.workers()
     num_servers = num_servers or len(workers)
     futures, actors, spec = start_servers(
-        handle, kind, num_servers, 1, timeout, workers, server_device, bigarray_bound, name=name
+        handle,
+        kind,
+        num_servers,
+        1,
+        timeout,
+        workers,
+        server_device,
+        bigarray_bound,
+        name=name,
+        staleness=staleness,
     )
     return DistStore(spec, actors, 0, 1, owner=True, handle=handle, futures=futures)

@@ -28,5 +28,6 @@ __all__ = ["Monitor", "MonitorModel", "monitor"]
 def monitor(kv: Any, **options: Any) -> Monitor:
     """A :class:`Monitor` watching ``kv`` (any labkv store); display it in a
     cell for the live dashboard, or ``print`` it for text. ``options`` go to
-    :class:`Monitor` (``hz``, ``rows``, ``log_size``, ``trace_size``, ``refresh_cpu``)."""
+    :class:`Monitor` (``hz``, ``rows``, ``log_size``, ``trace_size``, ``timeline_size``,
+    ``refresh_cpu``)."""
     return Monitor(kv, **options)

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..events import Event
 
-__all__ = ["FanIn", "KeyStats", "MonitorModel", "ServerLoad"]
+__all__ = ["FanIn", "KeyClocks", "KeyStats", "MonitorModel", "ServerLoad"]
 
 Key = int | str
 Summary = dict[str, float]
@@ -97,6 +97,47 @@ class FanIn:
 
 
 @dataclass
+class KeyClocks:
+    """One key's dist_ssp clocks, from the ``clock`` events of its pulls: every
+    rank's clock (its pushes of the key), and per rank how long its pulls
+    waited for the slowest (``waited``: in total; ``last_wait``: the last pull).
+
+    >>> c = KeyClocks("w")
+    >>> c.fold(Event(0, 1.0, "s", "clock", "w", rank=0, extra={"clocks": [4, 1],
+    ...     "staleness": 2, "waited_s": 0.25}))
+    >>> c.clocks, c.slowest(), c.waited
+    ([4, 1], [1], {0: 0.25})
+    """
+
+    key: Key
+    clocks: list[int] = field(default_factory=list)
+    staleness: int = 0
+    waited: dict[int, float] = field(default_factory=dict)
+    last_wait: dict[int, float] = field(default_factory=dict)
+    pulls: dict[int, int] = field(default_factory=dict)
+    time: float = 0.0
+
+    def fold(self, e: Event) -> None:
+        x = e.extra
+        # One server reports a key's clocks (slice 0's), in order: the newest holds.
+        # (A new run on the same store starts them from 0 again.)
+        self.clocks = list(x.get("clocks", ()))
+        self.staleness = int(x.get("staleness", self.staleness))
+        waited = float(x.get("waited_s", 0.0))
+        self.waited[e.rank] = self.waited.get(e.rank, 0.0) + waited
+        self.last_wait[e.rank] = waited
+        self.pulls[e.rank] = self.pulls.get(e.rank, 0) + e.count
+        self.time = max(self.time, e.time)
+
+    def slowest(self) -> list[int]:
+        """The ranks with the lowest clock."""
+        if not self.clocks:
+            return []
+        low = min(self.clocks)
+        return [r for r, c in enumerate(self.clocks) if c == low]
+
+
+@dataclass
 class ServerLoad:
     """Bytes in/out of one server: from its ``load`` events, else summed from
     the push/pull events that name it; ``history`` is a ring of ``(time, in, out)``."""
@@ -114,7 +155,8 @@ class ServerLoad:
 class MonitorModel:
     """Counters, rings and tables over a stream of :class:`~labkv.events.Event`.
 
-    Everything is bounded: the event log and the updater trace are rings,
+    Everything is bounded: the event log, the updater trace and the
+    timeline (what :meth:`Monitor.export_trace` writes) are rings,
     the per-server history is a ring, at most ``max_keys`` keys are tracked
     (``dropped_keys`` counts the rest), and at most ``max_pending`` events
     wait for a flush before the callback folds them itself.
@@ -127,6 +169,7 @@ class MonitorModel:
         history: int = 300,
         max_keys: int = 10_000,
         max_pending: int = 10_000,
+        timeline_size: int = 20_000,
     ):
         self.lock = threading.RLock()
         self._pending: deque[Event] = deque()
@@ -136,6 +179,8 @@ class MonitorModel:
         self._history = history
         self.log: deque[Event] = deque(maxlen=log_size)
         self.trace: deque[Event] = deque(maxlen=trace_size)
+        #: every event folded but server load reports: what a trace export holds
+        self.timeline: deque[Event] = deque(maxlen=timeline_size)
         self.reset()
 
     def reset(self) -> None:
@@ -144,9 +189,11 @@ class MonitorModel:
             self._pending.clear()
             self.log.clear()
             self.trace.clear()
+            self.timeline.clear()
             self.counts: Counter[str] = Counter()
             self.keys: dict[Key, KeyStats] = {}
             self.fanin: dict[Key, FanIn] = {}
+            self.clocks: dict[Key, KeyClocks] = {}
             self.servers: dict[Any, ServerLoad] = {}
             self.changed: set[Key] = set()
             self.server_changed: set[Key] = set()
@@ -214,9 +261,15 @@ class MonitorModel:
         if op == "load":
             self._fold_load(e)
             return
+        self.timeline.append(e)
         tally = e.extra.get("tally", False)  # counted calls only: no detail to show
         if not tally:
             self.log.append(e)
+        if op == "clock":
+            if e.key is not None:
+                clocks = self.clocks.get(e.key) or self.clocks.setdefault(e.key, KeyClocks(e.key))
+                clocks.fold(e)
+            return
         if op == "round":
             if e.key is not None:
                 fan = self.fanin.get(e.key) or self.fanin.setdefault(e.key, FanIn(e.key))

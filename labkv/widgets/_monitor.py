@@ -18,12 +18,14 @@ key  shape  push  pull  updater  in    out  min  max  mean  norm   last change  
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from ..events import summarize
+from ..events import export_trace, summarize
 from ._model import MonitorModel
 from ._text import summary as text_summary
 from ._throttle import Ticker
@@ -72,10 +74,11 @@ def _same(a: Any, b: Any) -> bool:
 class Monitor:
     """Watches one store's events; see :func:`labkv.widgets.monitor`.
 
-    ``hz`` bounds the dashboard's refresh rate, ``rows`` the rows of the event
-    log shown, ``log_size``/``trace_size`` the rings kept. ``refresh_cpu`` is
-    the share of a core the refreshes may take from the notebook: when a busy
-    store makes them costly, they come less often (down to once a second).
+        ``hz`` bounds the dashboard's refresh rate, ``rows`` the rows of the event
+        log shown, ``log_size``/``trace_size``/``timeline_size`` the rings kept
+    (the timeline: the events :meth:`export_trace` writes). ``refresh_cpu`` is
+        the share of a core the refreshes may take from the notebook: when a busy
+        store makes them costly, they come less often (down to once a second).
     """
 
     def __init__(
@@ -87,8 +90,11 @@ class Monitor:
         log_size: int = 500,
         trace_size: int = 100,
         refresh_cpu: float = 0.005,
+        timeline_size: int = 20_000,
     ):
-        self.model = MonitorModel(log_size=log_size, trace_size=trace_size)
+        self.model = MonitorModel(
+            log_size=log_size, trace_size=trace_size, timeline_size=timeline_size
+        )
         self.kv: Any = None
         self.closed = True
         self._rows = rows
@@ -228,6 +234,22 @@ class Monitor:
         """``(key, downsampled array)`` last shown in the value view, or ``None``."""
         v = self._value
         return None if v is None or v.picture is None else (v.key, v.picture)
+
+    def export_trace(
+        self, path: str | os.PathLike, keys: Iterable[Any] | None = None, ranks: Any = None
+    ) -> dict[str, int]:
+        """Write the events seen (the last ``timeline_size`` of the model) as a
+        Chrome / Perfetto trace to ``path``, only those of ``keys`` and ``ranks``
+        when given (see :func:`labkv.events.export_trace`); returns the push and
+        pull calls its spans stand for. Open it in https://ui.perfetto.dev.
+
+        >>> mon.export_trace("run.json", keys=["w"])  # doctest: +SKIP
+        {'push': 40, 'pull': 40}
+        """
+        self._catch_up()
+        with self.model.lock:
+            events = list(self.model.timeline)
+        return export_trace(events, path, keys, ranks)
 
     def summary(self, events: int = 10) -> str:
         """Text of every non-empty section: per-key table, last ``events`` events,

@@ -27,6 +27,7 @@ from ._model import MonitorModel
 
 __all__ = [
     "EventRows",
+    "clocks_table",
     "fanin_table",
     "fmt_bytes",
     "fmt_key",
@@ -282,6 +283,41 @@ def fanin_table(model: MonitorModel, now: float | None = None) -> Table:
                 cells.append("-")
         state = "complete" if r["complete"] else f"waiting for {len(r['missing'])}"
         rows.append([fmt_key(key), str(r["round"]), f"{waited:.1f} s", state, *cells])
+    return headers, rows
+
+
+def clocks_table(model: MonitorModel) -> Table:
+    """Keys x ranks of dist_ssp clocks: each rank's clock and how long its pulls
+    waited (in total, and the last one); the slowest rank named, and marked.
+
+    >>> m = MonitorModel()
+    >>> m.on_event(Event(0, 0.0, "s", "clock", "w", rank=0, extra={"clocks": [5, 2],
+    ...     "staleness": 3, "waited_s": 0.5}))
+    >>> _ = m.flush()
+    >>> clocks_table(m)
+    (['key', 'staleness', 'slowest', 'spread', 'rank 0', 'rank 1'], [['w', '3', 'rank 1', '3', '5 · waited 0.50 s (last 0.50 s)', '2 SLOWEST']])
+    """
+    with model.lock:
+        keys = [
+            (k, list(c.clocks), c.staleness, c.slowest(), dict(c.waited), dict(c.last_wait))
+            for k, c in model.clocks.items()
+        ]
+    workers = max((len(clocks) for _, clocks, *_ in keys), default=0)
+    headers = ["key", "staleness", "slowest", "spread"] + [f"rank {i}" for i in range(workers)]
+    rows = []
+    for key, clocks, staleness, slowest, waited, last in keys:
+        cells = []
+        for rank in range(workers):
+            clock = clocks[rank] if rank < len(clocks) else 0
+            cell = str(clock)
+            if rank in waited:
+                cell += f" · waited {waited[rank]:.2f} s (last {last[rank]:.2f} s)"
+            if rank in slowest and len(slowest) < len(clocks):
+                cell += " SLOWEST"
+            cells.append(cell)
+        named = ", ".join(f"rank {r}" for r in slowest) if len(slowest) < len(clocks) else "-"
+        spread = max(clocks) - min(clocks) if clocks else 0
+        rows.append([fmt_key(key), str(staleness), named, str(spread), *cells])
     return headers, rows
 
 

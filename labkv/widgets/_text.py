@@ -13,6 +13,7 @@ from typing import Any
 
 from ._model import MonitorModel
 from ._tables import (
+    clocks_table,
     fanin_table,
     keys_table,
     log_table,
@@ -49,6 +50,7 @@ def summary(
         (f"last {events} events (newest first)", log_table(model, limit=events)),
         (f"updater calls (newest first): {trace_note(model, len(trace[1]))}", trace),
         ("fan-in of the current round", fanin_table(model)),
+        ("clocks (dist_ssp)", clocks_table(model)),
         ("server load", servers_table(model)),
     ]
     for title, (headers, rows) in sections:

@@ -21,6 +21,7 @@ from ._html import STYLE, esc, table_html
 from ._model import MonitorModel
 from ._tables import (
     EventRows,
+    clocks_table,
     fanin_table,
     fmt_key,
     fmt_num,
@@ -33,6 +34,8 @@ from ._tables import (
     trace_row,
     trace_table,
 )
+from ._timeline import COLUMNS as TIMELINE_COLUMNS
+from ._timeline import timeline_bars
 
 __all__ = ["TAB_TITLES", "Dashboard", "ValueState"]
 
@@ -80,8 +83,10 @@ def _section(title: str, *children: W.Widget) -> W.VBox:
 
 
 #: the dashboard's tabs, in order
-TAB_TITLES = ("keys", "value & updates", "servers & rounds", "events")
+TAB_TITLES = ("keys", "value & updates", "servers & rounds", "timeline", "events")
 PANE_HEIGHT = "360px"
+#: seconds of events the timeline shows, before the newest
+TIMELINE_S = 5.0
 
 
 def _pane(child: W.Widget) -> W.Box:
@@ -142,7 +147,7 @@ class _Plots:
     def __init__(self) -> None:
         self._load_seen: list | None = None
         try:
-            from bokeh.models import ColorBar, ColumnDataSource, LinearColorMapper
+            from bokeh.models import ColorBar, ColumnDataSource, FactorRange, LinearColorMapper
             from bokeh.palettes import Viridis256
             from bokeh.plotting import figure
 
@@ -150,6 +155,7 @@ class _Plots:
         except ImportError:
             note = "install bokeh and jupyter_bokeh (pip install 'labkv[lab]') for plots"
             self.value_widget = self.load_widget = W.HTML(f"<i>{esc(note)}</i>")
+            self.timeline_widget = self.value_widget
             self.available = False
             return
         self.available = True
@@ -181,8 +187,31 @@ class _Plots:
         load.multi_line("xs", "ys", color="color", legend_field="label", source=self.load_source)
         load.add_layout(load.legend[0], "right")  # beside the lines, never over them
         self.load_fig = load
+        self._timeline_seen: tuple | None = None
+        self.timeline_source = ColumnDataSource(data={c: [] for c in TIMELINE_COLUMNS})
+        timeline = figure(
+            height=260,
+            width=720,
+            y_range=FactorRange(factors=[]),
+            tools="xpan,xwheel_zoom,reset,save,hover",
+            toolbar_location="right",
+            x_axis_label="seconds before the newest event",
+            title="timeline: no events yet",
+            tooltips=[("op", "@op"), ("key", "@key"), ("bytes", "@bytes"), ("round", "@round")]
+            + [("waited", "@waited_ms ms")],
+        )
+        timeline.hbar(
+            y="track",
+            left="left",
+            right="right",
+            height=0.7,
+            color="color",
+            source=self.timeline_source,
+        )
+        self.timeline_fig = timeline
         self.value_widget = BokehModel(fig)
         self.load_widget = BokehModel(load)
+        self.timeline_widget = BokehModel(timeline)
         self.load_widget.layout.display = "none"  # until a server reports: no empty box
 
     def show_value(self, picture: np.ndarray, title: str) -> None:
@@ -208,11 +237,30 @@ class _Plots:
         colour bar) until it is drawn again, e.g. when its tab is shown."""
         if not self.available:
             return
-        for source in (self.image_source, self.line_source, self.load_source):
+        sources = (self.image_source, self.line_source, self.load_source, self.timeline_source)
+        for source in sources:
             source.data = dict(source.data)
         shown = self.color_bar.visible
         self.color_bar.visible = not shown  # a layout change: the bar is laid out anew
         self.color_bar.visible = shown
+
+    def show_timeline(self, model: MonitorModel, key: Any = None) -> None:
+        """The last ``TIMELINE_S`` seconds of spans (of ``key``, or of every key)."""
+        if not self.available:
+            return
+        tracks, bars = timeline_bars(model, key, TIMELINE_S)
+        seen = (key, tracks, len(bars["op"]), bars["right"][-1:], bars["left"][:1])
+        if seen == self._timeline_seen:
+            return
+        self._timeline_seen = seen
+        what = "every key" if key is None else f"key {fmt_key(key)}"
+        waits = sum(1 for op in bars["op"] if op in ("clock", "round"))
+        self.timeline_fig.title.text = (
+            f"timeline of {what}, last {TIMELINE_S:g} s: {len(bars['op'])} spans, "
+            f"{waits} waits (red)"
+        )
+        self.timeline_fig.y_range.factors = list(reversed(tracks))
+        self.timeline_source.data = bars
 
     def show_load(self, model: MonitorModel) -> None:
         if not self.available:
@@ -264,6 +312,7 @@ class Dashboard:
         )
         self.value_caption = _html("labkv-value-caption")
         self.fanin = _html("labkv-fanin-view")
+        self.clocks = _html("labkv-clocks-view")
         self.servers = _html("labkv-servers-view")
         self.plots = _Plots()
         for w in (self.key_filter, self.op_filter):
@@ -273,11 +322,12 @@ class Dashboard:
         self._version = -1
         self._closed = False
         self._value_version = -1
+        self._timeline_key: Any = None
         # While a store is busy every tick redraws its tables, mostly with last tick's
         # rows: these keep the rows made and drawn, so only new ones cost anything.
         self._log_made, self._trace_made = EventRows(log_row), EventRows(trace_row)
         self._drawn: dict[str, dict] = {
-            name: {} for name in ("keys", "trace", "servers", "log", "fanin")
+            name: {} for name in ("keys", "trace", "servers", "log", "fanin", "clocks")
         }
         # Compact: the one-line header always, the sections as tabs below it, each
         # at most PANE_HEIGHT tall (scrolling inside), so the monitor stays on screen
@@ -298,9 +348,20 @@ class Dashboard:
                 _pane(
                     W.HBox(
                         [
-                            _section("fan-in (dist_sync round)", self.fanin),
+                            W.VBox(
+                                [
+                                    _section("fan-in (dist_sync round)", self.fanin),
+                                    _section("clocks (dist_ssp)", self.clocks),
+                                ]
+                            ),
                             _section("server load", self.servers, self.plots.load_widget),
                         ]
+                    )
+                ),
+                _pane(
+                    _section(
+                        "timeline: one row per rank and server (the key chosen for the value)",
+                        self.plots.timeline_widget,
                     )
                 ),
                 _pane(
@@ -355,6 +416,10 @@ class Dashboard:
             )
             note = trace_note(model, len(trace[1])) if trace[1] else ""
             _set(self.trace_note, value=f'<span class="labkv-empty">{esc(note)}</span>')
+            clocks = table_html(
+                *clocks_table(model), "labkv-clocks", "no dist_ssp pulls", self._drawn["clocks"]
+            )
+            _set(self.clocks, value=clocks)
             _set(
                 self.servers,
                 value=table_html(
@@ -369,6 +434,9 @@ class Dashboard:
                 self._set_options(self.key_filter, [("all keys", None)], keys)
                 self._set_options(self.value_key, [("(first key)", None)], keys)
             self.plots.show_load(model)
+        if changed or self.value_key.value != self._timeline_key:
+            self._timeline_key = self.value_key.value
+            self.plots.show_timeline(model, self._timeline_key)
         if changed or self._filters_dirty:
             self._filters_dirty = False
             log = log_table(

@@ -42,6 +42,9 @@ def cluster_events():  # as the Dask client's thread would deliver them
     kv.events.deliver(Event(0, t, "dist_sync", "round", "w", server=0, extra={
         "round": 7, "pushed": [0, 1], "missing": [2], "num_workers": 3,
         "waited_s": 1.5, "complete": False}))
+    kv.events.deliver(Event(0, t, "dist_ssp", "clock", "w", rank=0, server=0, extra={
+        "clocks": [9, 4, 8], "clock": 9, "staleness": 5, "slowest": [1], "slowest_clock": 4,
+        "waited_s": 0.75}))
     for s in (0, 1):
         kv.events.deliver(Event(0, t, "dist_sync", "load", None, server=s, extra={
             "bytes_in": 4096 * (s + 1), "bytes_out": 2048, "keys": 1, "bytes_held": 128,

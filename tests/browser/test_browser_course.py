@@ -242,6 +242,8 @@ def test_run_all_cells(lab, path):
         assert all(tab["height"] <= 480 for tab in monitor["tabs"]), monitor
         value_tab = next(t for t in monitor["tabs"] if t["title"].startswith("value"))
         assert value_tab["plots"] >= 1, f"the value plot is not drawn: {monitor}"
+        timeline_tab = next(t for t in monitor["tabs"] if t["title"] == "timeline")
+        assert timeline_tab["plots"] >= 1, f"the timeline is not drawn: {monitor}"
         assert (ARTIFACTS / f"{stem}.png").stat().st_size > 5_000
     assert monitor["errors"] == 0, "a widget failed to render"
     checks = [c for c in code if "check" in c["tags"]]

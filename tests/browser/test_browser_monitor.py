@@ -38,10 +38,19 @@ SAMPLE = """() => {
   const txt = sel => { const e = document.querySelector(sel); return e ? e.textContent.trim() : null; };
   const prompts = [...document.querySelectorAll('.jp-InputPrompt')].map(e => e.textContent.trim());
   return {keys: rows('.labkv-keys'), fanin: rows('.labkv-fanin'), servers: rows('.labkv-servers'),
+          clocks: rows('.labkv-clocks'),
           caption: txt('.labkv-value-caption'), header: txt('.labkv-header'),
           trace: rows('.labkv-trace'),
           busy: prompts.filter(p => p.includes('*')).length,
           out: [...document.querySelectorAll('.jp-OutputArea-output pre')].map(e => e.textContent).join('\\n')};
+}"""
+
+# The timeline's bars in BokehJS: how many its data source holds.
+BOKEH_TIMELINE_BARS = """() => {
+  for (const d of (window.Bokeh && window.Bokeh.documents) || [])
+    for (const m of d.all_models)
+      if ('data' in m && m.data.track && m.data.waited_ms) return m.data.track.length;
+  return null;
 }"""
 
 # The value view's heatmap in BokehJS: the largest number of the image data.
@@ -96,6 +105,9 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
             page.wait_for_timeout(400)  # the last 10 Hz tick
             final = page.evaluate(SAMPLE)
             image_max = page.evaluate(BOKEH_IMAGE_MAX)
+            page.get_by_text("timeline", exact=True).first.click()
+            page.wait_for_function(f"() => ({BOKEH_TIMELINE_BARS})() > 0", timeout=10_000)
+            timeline_bars = page.evaluate(BOKEH_TIMELINE_BARS)
             hostile_cells = page.locator(".labkv-keys td", has_text=HOSTILE).count()
             injected = page.evaluate("() => document.querySelectorAll('img[src=\"x\"]').length")
             js_error = page.get_by_text("Click to show javascript error").count()
@@ -114,12 +126,15 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
     assert w[7:10] == ["120"] * 3, w  # min max mean: 0 + 60 pushes of ones, times 2
     assert re.search(r"\bmin 120 max 120 mean 120\b", final["caption"] or ""), final["caption"]
     assert image_max == 2 * N_PUSH, image_max
+    assert timeline_bars > 0  # the timeline tab's bars reached BokehJS
     assert final["trace"][0][-1] == "stored += input * 2", final["trace"][0]
     # live: the busy push cell's counts reached the page while it ran
     live = {_row(s, "w")[2] for s in samples if s["busy"] and _row(s, "w")}
     assert len(live - {"0", str(N_PUSH)}) >= 2, sorted(live)
     # dist views from events delivered on a background thread
     assert final["fanin"][0][4:] == ["pushed", "pushed", "MISSING"], final["fanin"]
+    assert final["clocks"][0][1:4] == ["5", "rank 1", "5"], final["clocks"]
+    assert final["clocks"][0][4:] == ["9 · waited 0.75 s (last 0.75 s)", "4 SLOWEST", "8"]
     assert [r[1:3] for r in final["servers"]] == [
         ["gpu(0)", "4.0 KiB"],
         ["gpu(1)", "8.0 KiB"],

@@ -1,0 +1,87 @@
+"""The last seconds of the events as bars, one row per track: what the
+monitor's timeline plot draws (the same tracks and spans as a trace export,
+:mod:`labkv._trace`), with the newest event at 0 s.
+
+>>> from labkv.events import Event
+>>> from labkv.widgets._model import MonitorModel
+>>> m = MonitorModel()
+>>> m.on_event(Event(0, 10.0, "s", "push", "w", rank=1, extra={"start": 9.5}))
+>>> m.on_event(Event(1, 10.0, "s", "clock", "w", rank=0, server=0, extra={"waited_s": 0.4}))
+>>> _ = m.flush()
+>>> tracks, bars = timeline_bars(m)
+>>> tracks
+['rank 1 · calls', 'server 0 · waits of rank 0']
+>>> [(t, op, round(left, 2), right) for t, op, left, right in zip(
+...     bars["track"], bars["op"], bars["left"], bars["right"])]
+[('rank 1 · calls', 'push', -0.5, 0.0), ('server 0 · waits of rank 0', 'clock', -0.4, 0.0)]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._trace import to_trace
+from ._model import MonitorModel
+
+__all__ = ["OP_COLORS", "timeline_bars"]
+
+#: bar colour per op; a dist_ssp pull's wait (``clock``) and a dist_sync round (from its
+#: first push to its last) stand out in red
+OP_COLORS = {
+    "push": "#1f77b4",
+    "pull": "#2ca02c",
+    "update": "#ff7f0e",
+    "optimizer": "#ff7f0e",
+    "clock": "#d62728",
+    "round": "#d62728",
+    "init": "#7f7f7f",
+    "barrier": "#9467bd",
+}
+COLUMNS = ("track", "left", "right", "op", "key", "bytes", "round", "waited_ms", "color")
+
+
+def timeline_bars(
+    model: MonitorModel, key: Any = None, seconds: float = 5.0
+) -> tuple[list[str], dict[str, list]]:
+    """``(tracks, columns)``: the track names, top to bottom, and one bar per span
+    of the events of the last ``seconds`` before the newest (only ``key``'s when
+    given): its track, ``left``/``right`` in seconds relative to the newest
+    event, op, key, bytes, round, ``waited_ms`` (a wait's) and colour."""
+    with model.lock:
+        newest = max((e.time for e in list(model.timeline)[-200:]), default=0.0)
+        recent = []
+        for e in reversed(model.timeline):
+            if e.time < newest - seconds - 1.0:  # 1 s slack: batches arrive out of order
+                break
+            recent.append(e)
+    since = newest - seconds
+    recent = [e for e in recent if e.time >= since and (key is None or e.key == key)]
+    trace = to_trace(reversed(recent))
+    t0 = trace["otherData"]["start_time"]
+    processes, threads = {}, {}
+    columns: dict[str, list] = {c: [] for c in COLUMNS}
+    begun: dict[tuple[int, int], dict] = {}
+    for e in trace["traceEvents"]:
+        ph, track = e["ph"], (e["pid"], e["tid"])
+        if ph == "M":
+            if e["name"] == "process_name":
+                processes[e["pid"]] = e["args"]["name"]
+            elif e["name"] == "thread_name":
+                threads[track] = e["args"]["name"]
+        elif ph == "B":
+            begun[track] = e
+        elif ph == "E":
+            b = begun.pop(track)
+            args = b["args"]
+            columns["track"].append(track)
+            columns["left"].append(max(b["ts"] / 1e6 + t0 - newest, -seconds))
+            columns["right"].append(e["ts"] / 1e6 + t0 - newest)
+            columns["op"].append(e["name"])
+            columns["key"].append(args["key"])
+            columns["bytes"].append(args["bytes"])
+            columns["round"].append(args["round"])
+            columns["waited_ms"].append(args.get("waited_ms", 0.0))
+            columns["color"].append(OP_COLORS.get(e["name"], "#8c564b"))
+    names = {t: f"{processes[t[0]]} · {threads[t]}" for t in threads}
+    columns["track"] = [names[t] for t in columns["track"]]
+    return [names[t] for t in sorted(names)], columns
