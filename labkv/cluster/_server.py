@@ -73,6 +73,13 @@ Key = int | str
 _COPY_BELOW = 1 << 20
 
 
+def _forget(task: asyncio.Future) -> None:
+    """Done-callback of a call not waited for: its error (a lost peer) is seen
+    as the update that times out naming that peer, so it is only retrieved here."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _expire(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)  # the waiter re-checks, then names what is missing
@@ -101,6 +108,22 @@ def _answered(method: Callable) -> Callable:
             raise
 
     return answer
+
+
+async def execute_on(worker: Any, address: str, actor_key: str, method: str, args: list) -> Any:
+    """What ``Actor.<method>(*args)`` sends, from ``worker``'s event loop to the
+    actor ``actor_key`` on the worker at ``address``: its result, or its error."""
+    from distributed.protocol import to_serialize
+
+    try:
+        reply = await worker.rpc(address).actor_execute(
+            function=method, actor=actor_key, args=[to_serialize(a) for a in args], kwargs={}
+        )
+    except OSError as exc:
+        raise OSError(f"Unable to contact Actor's worker: {exc}") from exc
+    if reply["status"] == "OK":
+        return reply["result"]
+    raise reply["exception"]
 
 
 class Server:
@@ -539,14 +562,11 @@ class Server:
         if isinstance(local, Server):
             call = getattr(local, method)(*args)
         else:
-            from distributed.protocol import to_serialize
-
-            call = self._worker.rpc(address).actor_execute(
-                function=method, actor=actor_key, args=[to_serialize(a) for a in args], kwargs={}
-            )
+            call = execute_on(self._worker, address, actor_key, method, list(args))
         task = asyncio.ensure_future(call)
-        self._tasks.add(task)
+        self._tasks.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_forget)
 
     @_answered
     async def vote(

@@ -59,7 +59,7 @@ from ._events import ClusterBus, topic_of
 from ._pack import PACK_BELOW, pack, seal, sealable, unpack_values, unseal
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
 from ._rounds import check_staleness
-from ._server import TIMEOUTS, ClusterError, Server
+from ._server import TIMEOUTS, ClusterError, Server, execute_on
 
 DEFAULT_TIMEOUT_S = 120.0
 _ACK_ABOVE = 1 << 20
@@ -392,23 +392,9 @@ class DistStore(KVStore):
 
     async def _remote(self, s: int, method: str, args: tuple) -> Any:
         """What ``Actor.<method>(*args)`` sends, awaited on the worker's loop."""
-        from distributed.protocol import to_serialize
-
-        try:
-            reply = await self._worker.rpc(self._spec.server_addresses[s]).actor_execute(
-                function=method,
-                actor=self._servers[s].key,
-                args=[
-                    to_serialize(seal(a) if method in _SEALED and type(a) is tuple else a)
-                    for a in args
-                ],
-                kwargs={},
-            )
-        except OSError as exc:
-            raise OSError(f"Unable to contact Actor's worker: {exc}") from exc
-        if reply["status"] == "OK":
-            return reply["result"]
-        raise reply["exception"]
+        sealed = [seal(a) if method in _SEALED and type(a) is tuple else a for a in args]
+        address, actor_key = self._spec.server_addresses[s], self._servers[s].key
+        return await execute_on(self._worker, address, actor_key, method, sealed)
 
     def _wait_all(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
         """Results of in-flight server calls, in order; every wait is bounded.
