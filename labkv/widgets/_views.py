@@ -467,12 +467,13 @@ class Dashboard:
             f"min {fmt_num(float(np.nanmin(pic)))} max {fmt_num(float(np.nanmax(pic)))} "
             f"mean {fmt_num(float(np.nanmean(pic)))}"
         )
+        # the picture first, then its caption: a caption never describes a picture not yet drawn
+        self.plots.show_value(pic, f"key {fmt_key(value.key)}")
         # two lines that never wrap: a number alone on a line reads as a value
         _set(
             self.value_caption,
             value=f"<span>{esc(what)}</span> <br><span>{esc(numbers)}</span>",
         )
-        self.plots.show_value(pic, f"key {fmt_key(value.key)}")
 
     @staticmethod
     def _set_options(widget: W.Dropdown, first: list[tuple[str, Any]], keys: list[Any]) -> None:
