@@ -5,6 +5,7 @@ student solves them, and each solution file solves its exercise."""
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -39,15 +40,13 @@ def test_notebook_is_committed_without_outputs(path):
             assert cell.execution_count is None, f"cell {i} has an execution count"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_uses_only_documented_public_api(path):
-    tree = ast.parse(code_of(path))
-    used = set()
+def private_imports(tree: ast.AST) -> list[str]:
+    """What the code imports from labkv that is not public: a private module
+    (``labkv.widgets._tables``), a private name, or a name that its module's
+    ``__all__`` does not list (``from labkv.cluster import DistStore`` is fine,
+    ``from labkv.shard import Shard`` is not)."""
+    found = []
     for node in ast.walk(tree):
-        is_attr = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-        if is_attr and node.value.id == "labkv":
-            used.add(node.attr)
-    for node in ast.walk(tree):  # no private module: labkv.widgets._tables is internal
         if isinstance(node, ast.ImportFrom) and node.module:
             modules = [node.module]
         elif isinstance(node, ast.Import):
@@ -56,11 +55,46 @@ def test_notebook_uses_only_documented_public_api(path):
             continue
         for module in modules:
             parts = module.split(".")
-            if parts[0] == "labkv":
-                assert not any(p.startswith("_") for p in parts), f"imports private {module}"
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkv"):
-            for alias in node.names:
-                assert not alias.name.startswith("_"), f"imports private {alias.name}"
+            if parts[0] == "labkv" and any(p.startswith("_") for p in parts):
+                found.append(module)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "labkv":
+            public = getattr(importlib.import_module(node.module), "__all__", [])
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name not in public]
+    return found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import labkv.widgets._tables",
+        "import labkv.cluster._store as store",
+        "from labkv.widgets._tables import key_rows",
+        "from labkv.cluster import _store",
+        "from labkv import _arrays",
+        "from labkv.shard import Shard",
+        "from labkv.widgets import MonitorModel, _monitor",
+    ],
+)
+def test_private_imports_are_found(source):
+    assert private_imports(ast.parse(source))
+
+
+def test_public_imports_pass():
+    source = (
+        "import labkv\nfrom labkv.cluster import connect, run\nfrom labkv.widgets import monitor"
+    )
+    assert not private_imports(ast.parse(source))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_uses_only_documented_public_api(path):
+    tree = ast.parse(code_of(path))
+    used = set()
+    for node in ast.walk(tree):
+        is_attr = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        if is_attr and node.value.id == "labkv":
+            used.add(node.attr)
+    assert not private_imports(tree), private_imports(tree)
     for name in sorted(used):
         assert name in labkv.__all__, f"labkv.{name} is not public API"
         obj = getattr(labkv, name)
