@@ -105,6 +105,17 @@ def test_notebook_uses_only_documented_public_api(path):
             assert (doc or "").strip(), f"KVStore.{method} has no docstring"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_opens_with_its_plan_and_ends_with_its_recap(path):
+    nb = nbformat.read(path, as_version=4)
+    first = nb.cells[0].source
+    assert first.startswith(f"# {path.stem[:2]} · "), "the title carries the notebook's number"
+    for part in ("**You will learn**", "**You need**", "**Time**"):
+        assert part in first, f"the first cell says no {part}"
+    last = [c.source for c in nb.cells if c.cell_type == "markdown"][-1]
+    assert "## Recap" in last, "the last text is not the recap"
+
+
 def _with_solutions(nb) -> list[int]:
     """Insert, after each exercise's check cell, the solution its answer cell
     names (what ``%load`` would put there) and the check again; returns the

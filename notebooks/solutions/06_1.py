@@ -1,5 +1,3 @@
 # Notebook 06, exercise 1: one solution (it uses the notebook's names).
-data = {"x": np.arange(1000)}
-padded = MinibatchSource(data, batch_size=32, rank=0, num_workers=6, prefetch=0)
-dropped = MinibatchSource(data, batch_size=32, rank=0, num_workers=6, drop_last=True, prefetch=0)
-answer1 = (len(padded), len(dropped))
+# One step takes 6 x 32 = 192 samples: ceil(1000 / 192) padded, floor(1000 / 192) dropped.
+answer1 = (-(-1000 // 192), 1000 // 192)
