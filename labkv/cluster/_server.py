@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..compression import from_wire, wire_nbytes
+from ..compression import from_wire
 from ..devices import copy_into, empty, to_device
 from ..events import EventBus, summarize
 from ..optimizers import Optimizer
@@ -52,7 +52,7 @@ from ._device import (
     warm_up,
 )
 from ._events import EventStream
-from ._pack import PACK_BELOW, seal, unpack_values, unseal
+from ._pack import PACK_BELOW
 from ._rounds import (
     Clocks,
     Failure,
@@ -62,6 +62,18 @@ from ._rounds import (
     failure_note,
     portable,
     pushed_by,
+)
+from ._wire import (
+    Codes,
+    InitItem,
+    KeyMeta,
+    Peer,
+    States,
+    decode_pull,
+    decode_push,
+    encode,
+    pack_values,
+    push_items,
 )
 
 Key = int | str
@@ -249,14 +261,15 @@ class Server:
 
     # -- keys -------------------------------------------------------------------
     @_answered
-    async def init(self, items: list[tuple[Key, Any, tuple, str]]) -> None:
-        """Store new keys: ``(key, piece, full_shape, dtype)`` each."""
+    async def init(self, items: list[InitItem]) -> None:
+        """Store new keys, one :class:`~._wire.InitItem` each."""
+        items = [InitItem._make(item) for item in items]
         for key, *_ in items:
             if key in self.meta:
                 raise ValueError(f"key {key!r} is already initialised")
         for key, piece, shape, dtype in items:
             self.shard.init(key, to_device(np.asarray(piece, dtype=dtype), self.device))
-            self.meta[key] = (tuple(shape), dtype)
+            self.meta[key] = KeyMeta(tuple(shape), dtype)
             # A whole value, or slice 0 of a sliced one (slice s lives on server s): the
             # piece whose receipt stands for the push, so views count each push once.
             whole = piece.size == int(np.prod(shape))
@@ -296,7 +309,8 @@ class Server:
         (:mod:`._pack`) with this server's piece shapes and the stored dtypes
         (or ``dtypes``, when given). ``borrowed``: the big arrays are the
         caller's own (a rank on this worker, which may reuse them at once)."""
-        (sender, rank, seq, keys, dtypes, big, borrowed, codes), packed, bigs = unseal(msg)
+        push = decode_push(msg)
+        sender, rank, seq, keys, _, big, borrowed, codes = push.header
         self.messages["push"] += 1
         await self._pushes_arrived(sender, seq, f"rank {rank}")
         try:
@@ -304,7 +318,7 @@ class Server:
             for key in keys:
                 if key not in values:
                     raise KeyError(f"key {key!r} is not initialised on server {self.sid}")
-            items = self._items(keys, dtypes, big, packed, bigs, codes)
+            items = push_items(push, self._piece_spec)
             self.bytes_in += sum(v.nbytes for _, v in items)  # as they travelled
             if codes is not None:
                 items = self._decompressed(items, codes)
@@ -334,36 +348,16 @@ class Server:
             self.next_seq[sender] = seq + 1
             self._wake()
 
-    def _items(
-        self,
-        keys: list[Key],
-        dtypes: list | None,
-        big: list[int],
-        packed: Any,
-        bigs: list,
-        codes: tuple | None = None,
-    ) -> list[tuple[Key, Any]]:
-        """``(key, value)`` pairs of a push message (views into ``packed``); with
-        ``codes``, the values are the packed compressed values of each device."""
-        values = self.shard.values
+    def _piece_spec(self, key: Key) -> tuple[Any, tuple[int, ...]]:
+        """``(dtype, shape)`` of the stored piece of ``key``."""
+        value = self.shard.values[key]
+        return value.dtype, value.shape
 
-        def specs(small_keys: list[Key]) -> list[tuple[Any, tuple[int, ...]]]:
-            if codes is not None:
-                kind, _, devices = codes
-                return [
-                    (np.uint8, (devices[k], wire_nbytes(kind, values[k].size))) for k in small_keys
-                ]
-            if dtypes is None:
-                return [(values[k].dtype, values[k].shape) for k in small_keys]
-            return [(d, values[k].shape) for k, d in zip(small_keys, dtypes, strict=True)]
-
-        return unpack_values(keys, big, packed, bigs, specs)
-
-    def _decompressed(self, items: list[tuple[Key, Any]], codes: tuple) -> list[tuple[Key, Any]]:
+    def _decompressed(self, items: list[tuple[Key, Any]], codes: Codes) -> list[tuple[Key, Any]]:
         """A compressed push's values: each device's codes unpacked and summed, in
         the rank's order and precision (so the result is bit-exact with a push of
         the same values uncompressed)."""
-        kind, threshold, _ = codes
+        kind, threshold = codes.kind, codes.threshold
         result = []
         for key, packed in items:
             stored = self.shard.values[key]
@@ -614,7 +608,7 @@ class Server:
         Returns ``(big, packed, bigs)``: the values of positions ``big`` in
         ``bigs``, the others packed (:mod:`._pack`); sealed into one ``bytes``
         when ``bigs`` is empty."""
-        sender, seq, keys, pushes = unseal(msg)
+        sender, seq, keys, pushes = decode_pull(msg)
         error = None
         for push in pushes:
             try:
@@ -643,20 +637,16 @@ class Server:
             failed = self.rounds[key].report_to(sender)
             if failed is not None:
                 raise failed
-        small, big, bigs = [], [], []
-        nbytes = 0
-        for i, key in enumerate(keys):
-            value = self.shard.read(key)
-            nbytes += value.nbytes
-            if value.nbytes < PACK_BELOW:
-                small.append(value)  # packed below: one copy to the host for all
-                continue
-            if key not in own_round or value.nbytes < _COPY_BELOW:
+        values = [self.shard.read(key) for key in keys]
+        self.bytes_out += sum(v.nbytes for v in values)
+        # Small values are packed: one copy to the host for all of them.
+        reply = pack_values(values, small=packed_on_host)
+        for n, i in enumerate(reply.big):
+            value = values[i]
+            if keys[i] not in own_round or value.nbytes < _COPY_BELOW:
                 value = host_copy(value)
-            big.append(i)
-            bigs.append(host_view(value))
-        self.bytes_out += nbytes
-        return seal((big, packed_on_host(small) if small else None, bigs))
+            reply.bigs[n] = host_view(value)
+        return encode(reply)
 
     # -- events -----------------------------------------------------------------
     def _emit_receipt(self, key: Key, value: Any, rank: int) -> None:
@@ -734,19 +724,20 @@ class Server:
     @_answered
     async def link(self, peers: list[tuple[str, str]]) -> None:
         """Every server of the store as ``(worker address, actor key)``, by server id."""
-        self.peers = [tuple(p) for p in peers]
+        self.peers = [Peer._make(p) for p in peers]
 
     @_answered
     async def set_optimizer(self, config: dict[str, Any]) -> None:
         self.shard.set_optimizer(Optimizer.from_config(config))
 
     @_answered
-    async def get_states(self) -> tuple[int, dict[Key, int], dict[Key, tuple]]:
+    async def get_states(self) -> States:
         """``(num_update, per-key update counts, per-key state pieces)``."""
         if self.shard.optimizer is None:
             raise ClusterError(f"server {self.sid} has no optimizer")
         num_update, counts, states = self.shard.export_states()
-        return num_update, counts, {k: tuple(host_copy(a) for a in st) for k, st in states.items()}
+        host = {k: tuple(host_copy(a) for a in st) for k, st in states.items()}
+        return States(num_update, counts, host)
 
     @_answered
     async def set_states(

@@ -56,10 +56,21 @@ from ._barrier import EventBarrier
 from ._connect import ClusterHandle, default_handle
 from ._device import host_view, parse_server_device
 from ._events import ClusterBus, topic_of
-from ._pack import PACK_BELOW, pack, seal, sealable, unpack_values, unseal
+from ._pack import PACK_BELOW, sealable
 from ._placement import DEFAULT_BIGARRAY_BOUND, Piece, place
 from ._rounds import check_staleness
 from ._server import TIMEOUTS, ClusterError, Server, execute_on
+from ._wire import (
+    Codes,
+    InitItem,
+    Pull,
+    Push,
+    PushHeader,
+    decode_values,
+    encode,
+    pack_values,
+    values_items,
+)
 
 DEFAULT_TIMEOUT_S = 120.0
 _ACK_ABOVE = 1 << 20
@@ -212,6 +223,10 @@ def start_servers(
         staleness=staleness,
     )
     return futures, actors, spec
+
+
+def _same(array: Any) -> Any:
+    return array
 
 
 def _host(array: Any) -> np.ndarray:
@@ -392,7 +407,7 @@ class DistStore(KVStore):
 
     async def _remote(self, s: int, method: str, args: tuple) -> Any:
         """What ``Actor.<method>(*args)`` sends, awaited on the worker's loop."""
-        sealed = [seal(a) if method in _SEALED and type(a) is tuple else a for a in args]
+        sealed = [encode(a) if method in _SEALED and isinstance(a, tuple) else a for a in args]
         address, actor_key = self._spec.server_addresses[s], self._servers[s].key
         return await execute_on(self._worker, address, actor_key, method, sealed)
 
@@ -547,7 +562,7 @@ class DistStore(KVStore):
             for key, array in items:
                 host = _host(array)
                 for s, piece in _split(host, placed[key]):
-                    per_server[s].append((key, piece, tuple(host.shape), host.dtype.str))
+                    per_server[s].append(InitItem(key, piece, tuple(host.shape), host.dtype.str))
             calls = [(s, self._call(s, "init", batch)) for s, batch in per_server.items()]
             self._wait_all(calls, "init")
         else:
@@ -602,7 +617,7 @@ class DistStore(KVStore):
                     hold.append((s, msg))
                     continue
                 if sealable(msg):
-                    hold.append((s, seal(msg)))
+                    hold.append((s, encode(msg)))
                     continue
             calls.append((s, self._call(s, "push", msg)))
         for s, msg in hold:  # after the calls above: _call sends what was held first
@@ -637,52 +652,38 @@ class DistStore(KVStore):
         batch: list[tuple[Key, Any]],
         copy: bool,
         compression: GradientCompression | None = None,
-    ) -> tuple:
-        """One server's push message (see :meth:`Server.push`): the small values
-        packed into one buffer (a copy), the big ones as they are, or copied when
-        ``copy`` (a push not waited for: the caller may reuse its arrays at once).
-        With ``compression`` every value is the packed codes of its devices
+    ) -> Push:
+        """One server's push message: the small values packed into one buffer (a
+        copy), the big ones as they are, or copied when ``copy`` (a push not
+        waited for: the caller may reuse its arrays at once). With
+        ``compression`` every value is the packed codes of its devices
         (:meth:`_wire_pieces`, fresh arrays: never copied nor borrowed)."""
-        keys, small, dtypes, big, bigs = [], [], [], [], []
-        differs = False
-        meta = self._meta
-        codes = None
+        keys = [k for k, _ in batch]
+        arrays = [v for _, v in batch]
+        codes, dtypes = None, None
         if compression is not None:
-            copy, differs = False, False
-            codes = (compression.type, compression.threshold, {k: len(v) for k, v in batch})
-        for i, (key, value) in enumerate(batch):
-            keys.append(key)
-            if value.nbytes < PACK_BELOW:
-                small.append(value)
-                dtypes.append(value.dtype.str)
-                differs = differs or (codes is None and value.dtype != meta[key][1])
-            else:
-                big.append(i)
-                bigs.append(np.array(value) if copy else value)
+            copy = False
+            codes = Codes(compression.type, compression.threshold, {k: len(v) for k, v in batch})
+        else:
+            meta = self._meta
+            small = [(k, v) for k, v in batch if v.nbytes < PACK_BELOW]
+            if any(v.dtype != meta[k][1] for k, v in small):
+                dtypes = [v.dtype.str for _, v in small]
+        values = pack_values(arrays, np.array if copy else _same)
         borrowed = not copy and codes is None and self._local[s] is not None
-        header = (
-            self._sender,
-            self._rank,
-            seq,
-            keys,
-            dtypes if differs else None,
-            big,
-            borrowed,
-            codes,
+        header = PushHeader(
+            self._sender, self._rank, seq, keys, dtypes, values.big, borrowed, codes
         )
-        return header, pack(small) if small else None, bigs
+        return Push(header, values.packed, values.bigs)
 
-    def _piece_specs(self, s: int, keys: list[Key]) -> list[tuple[np.dtype, tuple[int, ...]]]:
-        """``(dtype, shape)`` of the pieces of ``keys`` that server ``s`` holds."""
-        specs = []
-        for key in keys:
-            shape, dtype = self._meta[key]
-            pieces = self._pieces[key]
-            if len(pieces) > 1:
-                p = pieces[s]  # a sliced key has slice s on server s
-                shape = (p.stop - p.start,)
-            specs.append((dtype, shape))
-        return specs
+    def _piece_spec(self, s: int, key: Key) -> tuple[np.dtype, tuple[int, ...]]:
+        """``(dtype, shape)`` of the piece of ``key`` that server ``s`` holds."""
+        shape, dtype = self._meta[key]
+        pieces = self._pieces[key]
+        if len(pieces) > 1:
+            p = pieces[s]  # a sliced key has slice s on server s
+            shape = (p.stop - p.start,)
+        return dtype, shape
 
     def _pull_impl(self, items: Items) -> None:
         per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
@@ -706,7 +707,7 @@ class DistStore(KVStore):
                 self._send(
                     s,
                     "pull",
-                    (self._sender, self._sent[s], list(per_server[s]), tuple(carried[s])),
+                    Pull(self._sender, self._sent[s], list(per_server[s]), tuple(carried[s])),
                 ),
             )
             for s in servers
@@ -714,9 +715,8 @@ class DistStore(KVStore):
         self._flush()  # waits concurrently with the pulls: both are already sent
         got: dict[tuple[int, Key], Any] = {}
         for s, reply in zip(servers, self._wait_all(calls, "pull"), strict=True):
-            big, packed, bigs = unseal(reply)
-            specs = functools.partial(self._piece_specs, s)
-            for key, value in unpack_values(list(per_server[s]), big, packed, bigs, specs):
+            lookup = functools.partial(self._piece_spec, s)
+            for key, value in values_items(per_server[s], decode_values(reply), lookup):
                 got[(s, key)] = value
         for key, outs in items:
             pieces = self._pieces[key]
@@ -777,19 +777,19 @@ class DistStore(KVStore):
         self._flush()
         gathered = self._all_servers("get_states")
         counts: dict[Any, int] = {}
-        for _, server_counts, _ in gathered:
-            for k, c in server_counts.items():
+        for got in gathered:
+            for k, c in got.counts.items():
                 counts[k] = max(c, counts.get(k, 0))
         states: dict[Key, tuple] = {}
         for key, pieces in self._pieces.items():
-            parts = [gathered[p.server][2].get(key) for p in pieces]
+            parts = [gathered[p.server].states.get(key) for p in pieces]
             if any(part is None for part in parts):
                 continue
             shape = self._meta[key][0]
             states[key] = tuple(
                 _join([part[j] for part in parts], shape) for j in range(len(parts[0]))
             )
-        return max(g[0] for g in gathered), counts, states
+        return max(g.num_update for g in gathered), counts, states
 
     def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
         server_counts: list[dict] = [{} for _ in range(self.num_servers)]
