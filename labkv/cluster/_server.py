@@ -28,7 +28,6 @@ last completed value at once.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import pickle
 import time
@@ -51,6 +50,7 @@ from ._device import (
     pick_server_device,
     warm_up,
 )
+from ._errors import ClusterError
 from ._events import EventStream
 from ._pack import PACK_BELOW
 from ._rounds import (
@@ -63,6 +63,7 @@ from ._rounds import (
     portable,
     pushed_by,
 )
+from ._transport import DaskHost, Host
 from ._wire import (
     Codes,
     InitItem,
@@ -97,15 +98,6 @@ def _expire(future: asyncio.Future) -> None:
         future.set_result(None)  # the waiter re-checks, then names what is missing
 
 
-class ClusterError(RuntimeError):
-    """A cross-process wait failed: a timeout (naming what is missing), an
-    aborted run, or an updater that raised on a server."""
-
-
-#: What a timed-out wait raises: one class from Python 3.11 on, three before.
-TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)
-
-
 def _answered(method: Callable) -> Callable:
     """Mark every exception a server method raises as the server's answer (an
     updater's error, a timeout it names), so that a rank never takes it for a
@@ -120,22 +112,6 @@ def _answered(method: Callable) -> Callable:
             raise
 
     return answer
-
-
-async def execute_on(worker: Any, address: str, actor_key: str, method: str, args: list) -> Any:
-    """What ``Actor.<method>(*args)`` sends, from ``worker``'s event loop to the
-    actor ``actor_key`` on the worker at ``address``: its result, or its error."""
-    from distributed.protocol import to_serialize
-
-    try:
-        reply = await worker.rpc(address).actor_execute(
-            function=method, actor=actor_key, args=[to_serialize(a) for a in args], kwargs={}
-        )
-    except OSError as exc:
-        raise OSError(f"Unable to contact Actor's worker: {exc}") from exc
-    if reply["status"] == "OK":
-        return reply["result"]
-    raise reply["exception"]
 
 
 class Server:
@@ -154,11 +130,10 @@ class Server:
         topic: str,
         device: str = "cpu",
         staleness: int | None = None,
+        host: Host | None = None,
     ):
-        from distributed import get_worker
-
-        worker = get_worker()
-        self.device = pick_server_device(device, sid, f"Dask worker {worker.address}")
+        host = DaskHost() if host is None else host
+        self.device = pick_server_device(device, sid, f"Dask worker {host.address}")
         self.device_name = device_label(self.device)
         warm_up(self.device)  # first-use kernel compiles now, not inside the first push
         self.sid, self.store_id, self.num_workers = sid, store_id, num_workers
@@ -184,14 +159,13 @@ class Server:
         self.messages = {"push": 0, "pull": 0}
         self._aborted: str | None = None
         self._waiters: dict[asyncio.Future, Callable[[], bool]] = {}
-        self.address = worker.address
-        self._worker = worker
+        self.address, self.host = host.address, host
         # dist_ssp: per-key clocks of the ranks, and each sender's rank (a pull names its sender)
         self.clocks = None if staleness is None else Clocks(staleness, num_workers)
         self.rank_of: dict[str, int] = {}
         self.stream = EventStream(
             self.bus,
-            lambda batch: worker.log_event(self.topic, batch),
+            lambda batch: host.log_event(self.topic, batch),
             self._load,
             annotate=self._annotate,
         )
@@ -551,13 +525,7 @@ class Server:
     def _send(self, peer: int, method: str, *args: Any) -> None:
         """Call ``method`` of server ``peer`` without waiting (a vote never blocks
         the loop; a lost peer shows as an update that times out naming it)."""
-        address, actor_key = self.peers[peer]
-        local = self._worker.state.actors.get(actor_key) if address == self.address else None
-        if isinstance(local, Server):
-            call = getattr(local, method)(*args)
-        else:
-            call = execute_on(self._worker, address, actor_key, method, list(args))
-        task = asyncio.ensure_future(call)
+        task = asyncio.ensure_future(self.host.call_peer(self.peers[peer], method, list(args)))
         self._tasks.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_forget)
