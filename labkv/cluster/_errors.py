@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+from collections.abc import Callable
+from typing import Any
 
 
 class ClusterError(RuntimeError):
@@ -13,3 +16,19 @@ class ClusterError(RuntimeError):
 
 #: What a timed-out wait raises: one class from Python 3.11 on, three before.
 TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)
+
+
+def answered(method: Callable) -> Callable:
+    """Mark every exception a server method raises as the server's answer (an
+    updater's error, a timeout it names), so that a rank never takes it for a
+    lost connection (see ``_transport.wait_all``)."""
+
+    @functools.wraps(method)
+    async def answer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except Exception as exc:
+            exc._labkv_server = self.sid
+            raise
+
+    return answer

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from ..compression import GradientCompression, to_wire
@@ -192,3 +193,48 @@ def split_states(
         for p in pieces[key]:
             server_states[p.server][key] = tuple(part[p.server] for part in parts)
     return list(zip(server_counts, server_states, strict=True))
+
+
+def check_same_init(found: dict, items: list) -> None:
+    """Refuse a rank's init of a key that rank 0 initialised differently
+    (``found``: the servers' ``{key: (shape, dtype)}``)."""
+    for key, array in items:
+        if key in found:
+            shape, dtype = found[key].shape, found[key].dtype
+            if tuple(shape) != tuple(array.shape) or np.dtype(dtype) != array.dtype:
+                raise ValueError(
+                    f"key {key!r} was initialised by rank 0 with shape {tuple(shape)} "
+                    f"and dtype {np.dtype(dtype)}; this rank gave {tuple(array.shape)} "
+                    f"{array.dtype}"
+                )
+
+
+def pickled_updater(updater: Any) -> bytes:
+    """A custom updater as it travels (cloudpickle, as Dask pickles): pickled in
+    the caller, so that one that cannot travel is refused at once."""
+    try:
+        return cloudpickle.dumps(updater)
+    except Exception as exc:
+        raise TypeError(
+            f"the updater cannot be sent to the servers: it cannot be pickled "
+            f"({type(exc).__name__}: {exc}); give a function, or an object without "
+            "locks, open files or sockets"
+        ) from exc
+
+
+def placement_table(
+    pieces: Pieces, meta: Meta, devices: list[str], addresses: list[str]
+) -> dict[Any, list[dict[str, Any]]]:
+    """``kv.placement()``: per key, its pieces ``{'server', 'device', 'start', 'stop'}``."""
+    return {
+        key: [
+            {
+                "server": p.server,
+                "device": f"{devices[p.server] if devices else 'cpu(0)'}@{addresses[p.server]}",
+                "start": p.start,
+                "stop": p.stop,
+            }
+            for p in pieces[key]
+        ]
+        for key in meta
+    }

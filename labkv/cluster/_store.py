@@ -2,23 +2,15 @@
 keys live on server actors (:mod:`._server`) on Dask workers.
 
 The base class normalises and validates every call; this backend turns the
-checked ``[(key, [arrays])]`` into one message per server per call, and
-assembles what the servers send back.
+checked ``[(key, [arrays])]`` into one message per server per call
+(:mod:`._messages`), sends them (:mod:`._calls`, through the links of
+:mod:`._transport`), and assembles what the servers send back.
 
 Choices made here, and why:
 
-- **Pushes below ``_ACK_ABOVE`` bytes are not waited for.** The arrays are
-  copied (cheap at that size, and the caller may reuse its buffer at once)
-  and the push is in flight when ``push`` returns; the next pull carries the
-  number of pushes sent, and the server waits for them, so a rank still reads
-  its own writes. A push's error (a lost server, an updater that raised)
-  surfaces at the next call. Big pushes are sent without a copy and waited
-  for: a copy would cost more than the reply's latency.
-- **A rank holds a small push back and folds it into its next pull** of the
-  same server (see :mod:`._holding`): one message each way per push+pull
-  instead of two, on both event loops. A timer on the worker's loop sends a
-  held push on its own after ``HOLD_S`` (another rank's dist_sync round never
-  waits longer than that for it), and every other call sends what is held first.
+- **Small pushes are not waited for, and a rank holds them back to fold them
+  into its next pull** of the same server: see :mod:`._calls` and
+  :mod:`._holding`.
 - **Per-device values are summed here first** (``dist_device_sync``: on the
   device they live on), so one array per key crosses the network.
 - **Only the store's owner (rank 0, or the notebook when it shares its store
@@ -30,12 +22,10 @@ Choices made here, and why:
 from __future__ import annotations
 
 import functools
-import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 import numpy as np
 
 from ..events import EventBus
@@ -43,20 +33,16 @@ from ..optimizers import Optimizer
 from ..store import Items, Key, KVStore
 from . import _messages as messages
 from ._barrier import EventBarrier
+from ._calls import ACK_ABOVE, Calls
 from ._connect import ClusterHandle
-from ._errors import ClusterError
 from ._events import ClusterBus, topic_of
-from ._holding import Holding
-from ._pack import sealable
 from ._placement import Piece, place
 from ._server import Server
-from ._transport import ActorLink, ServerLink, on_client_loop, rank_links, wait_all
-from ._wire import InitItem, Pull, decode_values, encode, values_items
+from ._transport import ActorLink, ServerLink, on_client_loop, rank_links
+from ._wire import InitItem, decode_values, values_items
 
 if TYPE_CHECKING:
     from ._servers import StoreSpec
-
-_ACK_ABOVE = 1 << 20
 
 
 class DistStore(KVStore):
@@ -97,14 +83,9 @@ class DistStore(KVStore):
             else:  # a rank: servers on its own Dask worker are called in-process
                 links = rank_links(addresses, servers, Server)
         self._links = links
-        self._sender = uuid.uuid4().hex
-        self._sent = [0] * spec.num_servers
-        self._inflight: list[tuple[int, Any]] = []
-        loop = links[0].loop if links else None
-        self._holding = None if loop is None else Holding(self._send_push, loop)
+        self._calls = Calls(links, spec.timeout, self._restore_residuals)
         self._pieces: dict[Key, list[Piece]] = {}
         self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
-        self._closed = False
         # With compression: per key, the residuals its last push replaced and
         # that push's sequence number per server (restored if that push fails).
         self._residual_undo: dict[Key, tuple[dict, dict[int, int]]] = {}
@@ -179,41 +160,22 @@ class DistStore(KVStore):
 
     def flush(self) -> None:
         """Wait for this rank's pushes still in flight (raising their errors)."""
-        if self._holding:
-            self._holding.release()
-        inflight, self._inflight = self._inflight, []
-        self._wait_all(inflight, "a push")
+        self._calls.flush()
 
     # -- talking to servers ------------------------------------------------------------
     def _call(self, s: int, method: str, *args: Any) -> Any:
-        """Call a server method (see :class:`._transport.ServerLink`), after
-        sending the held pushes, so that every call sees this rank's earlier
-        pushes (a pull carries them instead, see :meth:`_pull_impl`)."""
-        if self._holding:
-            self._holding.release()
-        return self._send(s, method, *args)
-
-    def _send(self, s: int, method: str, *args: Any) -> Any:
-        """:meth:`_call` without sending the held pushes first."""
-        if self._closed:
-            raise ClusterError(f"the store {self._id} is closed (its servers were released)")
-        return self._links[s].call(method, *args)
-
-    def _send_push(self, s: int, msg: Any) -> Any:
-        return self._send(s, "push", msg)
+        return self._calls.call(s, method, *args)
 
     def _wait_all(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
-        """Results of in-flight calls ``(server, future)``, in order (see
-        :func:`._transport.wait_all`)."""
-        links = self._links
-        return wait_all(
-            [(links[s], f) for s, f in calls], what, self._spec.timeout, self._restore_residuals
-        )
+        return self._calls.wait(calls, what)
+
+    def _all_servers(self, method: str, *args: Any) -> list[Any]:
+        return self._calls.all(method, *args)
 
     def _residuals_committed(self, replaced: dict) -> None:
         for key in {slot[0] for slot in replaced}:
             mine = {slot: r for slot, r in replaced.items() if slot[0] == key}
-            pushed = {p.server: self._sent[p.server] - 1 for p in self._pieces[key]}
+            pushed = {p.server: self._calls.sent[p.server] - 1 for p in self._pieces[key]}
             self._residual_undo[key] = (mine, pushed)
 
     def _restore_residuals(self, exc: BaseException) -> None:
@@ -227,17 +189,6 @@ class DistStore(KVStore):
             if undo is not None and undo[1].get(failed["server"]) == seq:
                 self._compression.restore(undo[0])
                 del self._residual_undo[key]
-
-    def _reap(self) -> None:
-        """Raise the error of a finished in-flight push, if any; keep the rest."""
-        if any(f.done() for _, f in self._inflight):
-            done = [(s, f) for s, f in self._inflight if f.done()]
-            self._inflight = [(s, f) for s, f in self._inflight if not f.done()]
-            self._wait_all(done, "a push")
-
-    def _all_servers(self, method: str, *args: Any) -> list[Any]:
-        calls = [(s, self._call(s, method, *args)) for s in range(self.num_servers)]
-        return self._wait_all(calls, method)
 
     # -- keys ------------------------------------------------------------------------
     def _learn(self, key: Key, shape: tuple, dtype: Any) -> None:
@@ -254,9 +205,9 @@ class DistStore(KVStore):
         unknown = [k for k in keys if k not in self._meta]
         if unknown:
             for found in self._all_servers("keys", unknown):
-                for k, (shape, dtype) in found.items():
+                for k, meta in found.items():
                     if k not in self._meta:
-                        self._learn(k, shape, dtype)
+                        self._learn(k, meta.shape, meta.dtype)
         super()._check_known(keys)
 
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
@@ -277,77 +228,42 @@ class DistStore(KVStore):
                     per_server[p.server].append(key)
             calls = [(s, self._call(s, "wait_keys", keys)) for s, keys in per_server.items()]
             for found in self._wait_all(calls, "init (waiting for rank 0)"):
-                for key, array in items:
-                    if key in found:
-                        shape, dtype = found[key]
-                        if tuple(shape) != tuple(array.shape) or np.dtype(dtype) != array.dtype:
-                            raise ValueError(
-                                f"key {key!r} was initialised by rank 0 with shape {tuple(shape)} "
-                                f"and dtype {np.dtype(dtype)}; this rank gave {tuple(array.shape)} "
-                                f"{array.dtype}"
-                            )
+                messages.check_same_init(found, items)
         self._pieces.update(placed)
 
     # -- push and pull -------------------------------------------------------------
     def _push_impl(self, items: Items) -> None:
-        self._reap()
+        calls = self._calls
+        calls.reap()
         compression = self._compression
         per_server, nbytes = messages.per_server(items, self._meta, self._pieces, compression)
-        wait = nbytes >= _ACK_ABOVE
-        calls, hold = [], []
-        for s, batch in per_server.items():
-            seq = self._sent[s]
-            self._sent[s] += 1
-            link = self._links[s]
-            msg = messages.push_message(
-                (self._sender, self._rank, seq),
-                batch,
-                self._meta,
-                copy=not wait,
-                same_process=link.same_process,
-                compression=compression,
+        wait = nbytes >= ACK_ABOVE
+        msgs = [
+            (
+                s,
+                messages.push_message(
+                    (calls.sender, self._rank, calls.next_seq(s)),
+                    batch,
+                    self._meta,
+                    copy=not wait,
+                    same_process=self._links[s].same_process,
+                    compression=compression,
+                ),
             )
-            # Held: a copied push to a server in this process, or one that travels
-            # as one frame (folded into a pull, it keeps that pull one pickled frame).
-            if not wait and self._holding is not None:
-                if link.same_process:
-                    hold.append((s, msg))
-                    continue
-                if sealable(msg):
-                    hold.append((s, encode(msg)))
-                    continue
-            calls.append((s, self._call(s, "push", msg)))
-        for s, msg in hold:  # after the calls above: _call sends what was held first
-            self._inflight.append((s, self._holding.hold(s, msg)))
-        if wait:
-            self.flush()
-            self._wait_all(calls, "push")
-        else:
-            self._inflight.extend(calls)
+            for s, batch in per_server.items()
+        ]
+        calls.push(msgs, wait)
 
     def _pull_impl(self, items: Items) -> None:
         per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
         for key, _ in items:
             for p in self._pieces[key]:
                 per_server[p.server][key] = None
-        # This pull's servers get their held pushes with it; the others, now.
-        carried = self._holding.release(carry=per_server) if self._holding else {}
-        calls = [
-            (
-                s,
-                self._send(
-                    s,
-                    "pull",
-                    Pull(self._sender, self._sent[s], list(keys), tuple(carried.get(s, ()))),
-                ),
-            )
-            for s, keys in per_server.items()
-        ]
-        self.flush()  # waits concurrently with the pulls: both are already sent
+        keys = {s: list(ks) for s, ks in per_server.items()}
         got: dict[tuple[int, Key], Any] = {}
-        for (s, keys), reply in zip(per_server.items(), self._wait_all(calls, "pull"), strict=True):
+        for (s, ks), reply in zip(keys.items(), self._calls.pull(keys), strict=True):
             lookup = functools.partial(messages.piece_spec, self._meta, self._pieces, s)
-            for key, value in values_items(keys, decode_values(reply), lookup):
+            for key, value in values_items(ks, decode_values(reply), lookup):
                 got[(s, key)] = value
         messages.fill_outs(items, got, self._meta, self._pieces)
 
@@ -371,16 +287,7 @@ class DistStore(KVStore):
 
     # -- updaters, optimizers, states -------------------------------------------------
     def _set_updater_impl(self, updater: Callable) -> None:
-        # A custom updater travels pickled (cloudpickle, as Dask pickles): pickled
-        # here, so that one that cannot travel is refused at once, in the caller.
-        try:
-            blob = cloudpickle.dumps(updater)
-        except Exception as exc:
-            raise TypeError(
-                f"the updater cannot be sent to the servers: it cannot be pickled "
-                f"({type(exc).__name__}: {exc}); give a function, or an object without "
-                "locks, open files or sockets"
-            ) from exc
+        blob = messages.pickled_updater(updater)  # refused here if it cannot travel
         if self._owner:
             self._all_servers("set_updater", blob)
 
@@ -411,23 +318,9 @@ class DistStore(KVStore):
         pieces ``{'server': s, 'device': 'cpu(0)@<worker address>', 'start': a,
         'stop': b}`` (flat element offsets; one piece, or one slice per server
         for values of at least ``bigarray_bound`` elements)."""
-        return {
-            key: [
-                {
-                    "server": p.server,
-                    "device": f"{self._server_device(p.server)}@"
-                    f"{self._spec.server_addresses[p.server]}",
-                    "start": p.start,
-                    "stop": p.stop,
-                }
-                for p in self._pieces[key]
-            ]
-            for key in self._meta
-        }
-
-    def _server_device(self, s: int) -> str:
-        devices = self._spec.server_devices
-        return devices[s] if devices else "cpu(0)"
+        return messages.placement_table(
+            self._pieces, self._meta, self._spec.server_devices, self._spec.server_addresses
+        )
 
     def server_load(self) -> list[dict[str, Any]]:
         """Per server: its device, bytes in/out so far, keys and bytes held,
@@ -452,7 +345,7 @@ class DistStore(KVStore):
         """Release the servers this store started (their keys are dropped); a
         later call on the store raises ``ClusterError`` saying it is closed."""
         if self._release is not None and self._handle is not None:
-            self._closed = True
+            self._calls.closed = f"the store {self._id} is closed (its servers were released)"
             if self.events.active:
                 self._handle.client.unsubscribe_topic(topic_of(self._id))
             release, self._release = self._release, None

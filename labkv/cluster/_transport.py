@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import TIMEOUTS, ClusterError
-from ._wire import encode
+from ._wire import Peer, encode
 
 # Client-side waits get this much longer than the servers' own, so that the
 # server's error (which names the missing ranks) arrives before ours.
@@ -271,7 +271,7 @@ class Host:
     def log_event(self, topic: str, batch: Any) -> None:
         """Publish a batch of events on ``topic``."""
 
-    def call_peer(self, peer: tuple[str, str], method: str, args: list) -> Any:
+    def call_peer(self, peer: Peer, method: str, args: list) -> Any:
         """An awaitable of ``method(*args)`` on the server ``peer`` (its
         ``(address, actor_key)``), called from the server's loop."""
         raise NotImplementedError
@@ -290,8 +290,8 @@ class DaskHost(Host):
     def log_event(self, topic: str, batch: Any) -> None:
         self.worker.log_event(topic, batch)
 
-    def call_peer(self, peer: tuple[str, str], method: str, args: list) -> Any:
-        address, actor_key = peer
+    def call_peer(self, peer: Peer, method: str, args: list) -> Any:
+        address, actor_key = peer.address, peer.actor_key
         local = self.worker.state.actors.get(actor_key) if address == self.address else None
         if local is not None and hasattr(local, method):
             return getattr(local, method)(*args)
@@ -308,8 +308,8 @@ class InProcessHost(Host):
     def log_event(self, topic: str, batch: Any) -> None:
         self.events.append((topic, batch))
 
-    def call_peer(self, peer: tuple[str, str], method: str, args: list) -> Any:
-        return getattr(self.servers[peer[1]], method)(*args)
+    def call_peer(self, peer: Peer, method: str, args: list) -> Any:
+        return getattr(self.servers[peer.actor_key], method)(*args)
 
 
 class InProcessLink(ServerLink):
@@ -361,7 +361,15 @@ class InProcessServers:
         wait_all([(link, link.call("link", peers)) for link in self.links], "link", 5.0)
 
     def close(self) -> None:
-        """Stop the loop and its thread."""
+        """Cancel what still runs on the loop, then stop the loop and its thread."""
+
+        async def cancel_the_rest() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cancel_the_rest(), self.loop).result(timeout=5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
         self.loop.close()
