@@ -38,6 +38,7 @@ from ._placement import DEFAULT_BIGARRAY_BOUND
 from ._rounds import check_staleness
 from ._servers import DEFAULT_TIMEOUT_S, StoreSpec, check_cluster_args, start_servers
 from ._store import DistStore
+from ._transport import ActorLink
 
 _POLL_S = 0.25
 # A call onto the rank's own worker loop (never waits on another process).
@@ -115,9 +116,9 @@ def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> 
 def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reason: str) -> None:
     """Wake every waiting rank with an error (best effort: servers may be gone)."""
     calls = []
-    for actor in servers:
+    for s, actor in enumerate(servers):
         with contextlib.suppress(Exception):  # its worker may be gone
-            calls.append(actor.abort(reason))
+            calls.append(ActorLink(s, spec.server_addresses[s], actor).call("abort", reason))
     distributed.Event(abort_name(spec.group), client=client).set()
     for call in calls:
         with contextlib.suppress(Exception):

@@ -122,8 +122,14 @@ class RankLink(ServerLink):
     def call(self, method: str, *args: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(self._coro(method, args), self.loop)
 
-    async def _coro(self, method: str, args: tuple) -> Any:
+    def _coro(self, method: str, args: tuple) -> Any:
+        """The call's coroutine, made in the caller's thread: a server known to
+        be lost raises there, at once."""
         self.raise_if_lost()
+        return self._remote(method, args)
+
+    async def _remote(self, method: str, args: tuple) -> Any:
+        """What ``Actor.<method>(*args)`` sends, awaited on the worker's loop."""
         return await execute_on(
             self.worker, self.address, self.actor.key, method, _encoded(method, args)
         )
@@ -143,13 +149,13 @@ class SameProcessLink(RankLink):
         super().__init__(sid, address, actor, worker, loop)
         self.server = server
 
-    async def _coro(self, method: str, args: tuple) -> Any:
+    def _coro(self, method: str, args: tuple) -> Any:
         if method not in _LOCAL_METHODS:
-            return await super()._coro(method, args)
+            return super()._coro(method, args)
         self.raise_if_lost()
         if self.worker.state.actors.get(self.actor.key) is not self.server:
             raise self.lost_error(RuntimeError("the server actor is gone from its worker"))
-        return await getattr(self.server, method)(*args)
+        return getattr(self.server, method)(*args)
 
 
 def rank_links(addresses: list[str], actors: list[Any], server_type: type) -> list[ServerLink]:
