@@ -13,7 +13,7 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError, run
-from labkv.cluster._store import start_servers
+from labkv.cluster._servers import start_servers
 from tests._waiting import server_tasks, wait_until
 
 
@@ -41,7 +41,7 @@ def test_barrier_timeout_names_absent_ranks(handle):
 
 
 def _barriers(kv, n):
-    return [kv.barrier() for _ in range(n)] and kv._event_barrier.generation
+    return [kv.barrier() for _ in range(n)] and kv.barrier_generation
 
 
 def test_barrier_is_reusable_100_times_back_to_back(handle):

@@ -11,10 +11,11 @@ See ``docs/cluster.md`` for the design and every scheduling choice.
 from __future__ import annotations
 
 from ._connect import ClusterHandle, connect, default_handle
+from ._errors import ClusterError
 from ._placement import key_id, place
 from ._run import run
-from ._server import ClusterError
-from ._store import DistStore, create_store
+from ._servers import create_store
+from ._store import DistStore
 
 __all__ = [
     "ClusterError",

@@ -25,7 +25,7 @@ import asyncio
 import time
 from typing import Any
 
-from ._server import ClusterError
+from ._errors import ClusterError
 
 _SLICE_S = 0.5
 

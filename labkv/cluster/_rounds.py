@@ -140,6 +140,92 @@ class Round:
         return None
 
 
+class SyncRounds:
+    """dist_sync rounds of every key on one server: who pushed which key in
+    which round, what completes a round, which round a pull waits for.
+
+    >>> rounds = SyncRounds(num_workers=2)
+    >>> rounds.add("w")
+    >>> rounds.join("w", rank=0, sender="a", seq=0, value=1.0, now=0.0)
+    False
+    >>> rounds.ahead("w", rank=0), rounds.completes("w")  # rank 0 waits; one more completes
+    (True, True)
+    >>> rounds.missing("w")
+    "ranks [1] have not pushed key 'w' in round 0"
+    >>> rounds.pull_ready("a", "w"), rounds.pull_ready("b", "w")  # b never pushed w
+    (False, True)
+    >>> rounds.join("w", rank=1, sender="b", seq=3, value=2.0, now=0.1)
+    True
+    >>> rounds["w"].finish(); rounds.pull_ready("a", "w")
+    True
+    """
+
+    __slots__ = ("num_workers", "rounds", "joined")
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.rounds: dict[Any, Round] = {}
+        self.joined: dict[tuple[str, Any], int] = {}  # (sender, key) -> round of its last push
+
+    def add(self, key: Any) -> None:
+        """A new key: no round completed, none open."""
+        self.rounds[key] = Round()
+
+    def __getitem__(self, key: Any) -> Round:
+        return self.rounds[key]
+
+    def values(self) -> Any:
+        return self.rounds.values()
+
+    def ahead(self, key: Any, rank: int) -> bool:
+        """Whether ``rank`` already pushed ``key`` in the open round: its next
+        push waits until the round completes."""
+        return rank in self.rounds[key].pending
+
+    def completes(self, key: Any) -> bool:
+        """Whether one more push completes the open round of ``key``."""
+        return len(self.rounds[key].pending) + 1 >= self.num_workers
+
+    def join(self, key: Any, rank: int, sender: str, seq: int, value: Any, now: float) -> bool:
+        """``rank``'s push (``sender``'s ``seq``-th message) joins the open round
+        of ``key`` at time ``now``; whether that completes the round."""
+        r = self.rounds[key]
+        if not r.pending:
+            r.first_push = now
+        r.join(rank, sender, seq, value)
+        self.joined[(sender, key)] = r.done
+        return len(r.pending) >= self.num_workers
+
+    def pull_ready(self, sender: str, key: Any) -> bool:
+        """Whether ``sender``'s pull of ``key`` may read it: the round its last
+        push of ``key`` joined has completed (at once for a sender that never
+        pushed ``key``, e.g. the notebook watching)."""
+        joined = self.joined.get((sender, key))
+        return joined is None or self.rounds[key].done > joined
+
+    def pushed(self, sender: str, key: Any) -> bool:
+        """Whether ``sender`` pushed ``key`` here (its pull then reads its own round)."""
+        return (sender, key) in self.joined
+
+    def missing(self, key: Any) -> str:
+        """What the open round of ``key`` waits for, naming the ranks."""
+        r = self.rounds[key]
+        return f"ranks {r.missing(self.num_workers)} have not pushed key {key!r} in round {r.done}"
+
+    def resize(self, num_workers: int) -> None:
+        """Wait for ``num_workers`` ranks from now on; refused while a round is
+        open (its pushes were counted against the old number)."""
+        open_rounds = [k for k, r in self.rounds.items() if r.pending]
+        if open_rounds and num_workers != self.num_workers:
+            raise ValueError(f"keys {open_rounds} have an open round")
+        self.num_workers = num_workers
+
+    def drop_open(self) -> None:
+        """Forget every open round (an aborted run)."""
+        for r in self.rounds.values():
+            r.pending, r.senders, r.first_push = {}, {}, None
+
+
 class UpdateQueue:
     """dist_async updates of one sliced key on one server, applied in the order
     server 0 received them (every server of the key follows that order, so the

@@ -32,17 +32,13 @@ from .._types import dist_kind
 from ._barrier import abort_name, clear_barrier
 from ._connect import ClusterHandle, default_handle
 from ._device import parse_server_device
+from ._errors import TIMEOUTS, ClusterError
 from ._events import EventStream, topic_of
 from ._placement import DEFAULT_BIGARRAY_BOUND
 from ._rounds import check_staleness
-from ._server import TIMEOUTS, ClusterError
-from ._store import (
-    DEFAULT_TIMEOUT_S,
-    DistStore,
-    StoreSpec,
-    check_cluster_args,
-    start_servers,
-)
+from ._servers import DEFAULT_TIMEOUT_S, StoreSpec, check_cluster_args, start_servers
+from ._store import DistStore
+from ._transport import ActorLink
 
 _POLL_S = 0.25
 # A call onto the rank's own worker loop (never waits on another process).
@@ -68,13 +64,13 @@ def _rank_main(
     stop_stream = _stream_events(kv, *detail) if detail is not None else None
     try:
         result = fn(kv, *args, **kwargs)
-        kv._flush()
+        kv.flush()
     finally:
         if stop_stream is not None:
             # Events are best effort: the rank's own outcome (or error) is what counts.
             with contextlib.suppress(Exception):
                 stop_stream()
-    return result, kv._event_barrier.generation
+    return result, kv.barrier_generation
 
 
 _RANK_KEY = "labkv-rank-"  # the Dask key of every rank task starts with it
@@ -103,7 +99,7 @@ def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> 
     from distributed import get_worker
 
     worker = get_worker()
-    topic = topic_of(kv._spec.store_id)
+    topic = topic_of(kv.store_id)
     stream = EventStream(kv.events, lambda batch: worker.log_event(topic, batch))
     loop = worker.loop.asyncio_loop
 
@@ -120,9 +116,9 @@ def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> 
 def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reason: str) -> None:
     """Wake every waiting rank with an error (best effort: servers may be gone)."""
     calls = []
-    for actor in servers:
+    for s, actor in enumerate(servers):
         with contextlib.suppress(Exception):  # its worker may be gone
-            calls.append(actor.abort(reason))
+            calls.append(ActorLink(s, spec.server_addresses[s], actor).call("abort", reason))
     distributed.Event(abort_name(spec.group), client=client).set()
     for call in calls:
         with contextlib.suppress(Exception):
@@ -226,14 +222,14 @@ def run(
     kwargs = dict(kwargs or {})
     shared = isinstance(kvstore, DistStore)
     if shared:
-        if kvstore._handle is None:
+        if kvstore.handle is None:
             raise ValueError("only a store made in this process (labkv.create) can be shared")
         if staleness is not None:
             raise ValueError(
                 "staleness is set when a 'dist_ssp' store is made; a shared store keeps "
                 f"its own ({kvstore.staleness!r})"
             )
-        handle = kvstore._handle
+        handle = kvstore.handle
     else:
         kind = dist_kind(kvstore)
         check_cluster_args(cluster, timeout)
@@ -253,9 +249,9 @@ def run(
     group = f"labkv-barrier-{uuid.uuid4().hex[:8]}"
     futures_to_release = None
     if shared:
-        kvstore._flush()
-        spec, servers = kvstore._spec, kvstore._servers
-        kvstore._all_servers("configure", num_workers)
+        kvstore.flush()
+        spec, servers = kvstore.spec, kvstore.servers
+        kvstore.configure_ranks(num_workers)
     else:
         num_servers = num_servers or num_workers
         futures_to_release, servers, spec = start_servers(
@@ -302,7 +298,7 @@ def run(
     finally:
         if shared:
             try:
-                kvstore._all_servers("configure", 1)
+                kvstore.configure_ranks(1)
             except Exception:
                 if ok:
                     raise

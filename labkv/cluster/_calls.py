@@ -1,0 +1,133 @@
+"""A rank's calls to its servers: ordering, held pushes, pushes in flight.
+
+Choices made here, and why:
+
+- **Pushes below ``ACK_ABOVE`` bytes are not waited for.** The arrays are
+  copied (cheap at that size, and the caller may reuse its buffer at once)
+  and the push is in flight when ``push`` returns; the next pull carries the
+  number of pushes sent to that server, and the server waits for them, so a
+  rank still reads its own writes. A push's error (a lost server, an updater
+  that raised) surfaces at the rank's next call (:meth:`Calls.reap`) or
+  :meth:`Calls.flush`. Big pushes are sent without a copy and waited for: a
+  copy would cost more than the reply's latency.
+- **Small pushes are held** (:mod:`._holding`) when the link runs on an event
+  loop: a push to a server in this process, or one that travels as one frame;
+  every other call sends what is held first, and a pull carries it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ._errors import ClusterError
+from ._holding import Holding
+from ._pack import sealable
+from ._transport import ServerLink, wait_all
+from ._wire import Pull, Push, encode
+
+#: Pushes of at least this many bytes (all servers together) are waited for.
+ACK_ABOVE = 1 << 20
+
+
+class Calls:
+    """The calls of one rank (``sender``, a fresh id per store instance) to its
+    servers through ``links``; every wait is bounded by ``timeout`` (plus a
+    grace, see :func:`._transport.wait_all`); ``on_server_error`` sees each
+    error a server raised before it is raised here."""
+
+    def __init__(
+        self,
+        links: list[ServerLink],
+        timeout: float,
+        on_server_error: Callable[[BaseException], None] | None = None,
+    ):
+        self.links, self.timeout, self.on_server_error = links, timeout, on_server_error
+        self.sender = uuid.uuid4().hex
+        self.sent = [0] * len(links)  # pushes sent to each server
+        self.inflight: list[tuple[int, Any]] = []
+        loop = links[0].loop if links else None
+        self.holding = None if loop is None else Holding(self._send_push, loop)
+        self.closed: str | None = None  # why no call may be made any more
+
+    def call(self, s: int, method: str, *args: Any) -> Any:
+        """Call ``method(*args)`` on server ``s`` after sending the held pushes,
+        so that every call sees this rank's earlier pushes; a future."""
+        if self.holding:
+            self.holding.release()
+        return self.send(s, method, *args)
+
+    def send(self, s: int, method: str, *args: Any) -> Any:
+        """:meth:`call` without sending the held pushes first."""
+        if self.closed is not None:
+            raise ClusterError(self.closed)
+        return self.links[s].call(method, *args)
+
+    def _send_push(self, s: int, msg: Any) -> Any:
+        return self.send(s, "push", msg)
+
+    def wait(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
+        """Results of in-flight calls ``(server, future)``, in order."""
+        links = self.links
+        return wait_all([(links[s], f) for s, f in calls], what, self.timeout, self.on_server_error)
+
+    def all(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every server; their results by server id."""
+        return self.wait([(s, self.call(s, method, *args)) for s in range(len(self.links))], method)
+
+    def next_seq(self, s: int) -> int:
+        """The sequence number of this rank's next push to server ``s`` (counted as sent)."""
+        seq = self.sent[s]
+        self.sent[s] += 1
+        return seq
+
+    def push(self, messages: list[tuple[int, Push]], wait: bool) -> None:
+        """Send one push message per server; ``wait``: until all have been applied.
+        Not waited for: held when that helps (see module doc), else in flight."""
+        calls, hold = [], []
+        for s, msg in messages:
+            # Held: a copied push to a server in this process, or one that travels
+            # as one frame (folded into a pull, it keeps that pull one pickled frame).
+            if not wait and self.holding is not None:
+                if self.links[s].same_process:
+                    hold.append((s, msg))
+                    continue
+                if sealable(msg):
+                    hold.append((s, encode(msg)))
+                    continue
+            calls.append((s, self.call(s, "push", msg)))
+        for s, msg in hold:  # after the calls above: call() sends what was held first
+            self.inflight.append((s, self.holding.hold(s, msg)))
+        if wait:
+            self.flush()
+            self.wait(calls, "push")
+        else:
+            self.inflight.extend(calls)
+
+    def pull(self, keys: dict[int, list]) -> list[Any]:
+        """Pull ``keys[s]`` from each server ``s``: each pull carries the pushes
+        held for its server (the others are sent now), and waits, on the server,
+        for this rank's earlier pushes. The replies, in the order of ``keys``."""
+        carried = self.holding.release(carry=keys) if self.holding else {}
+        sent = self.sent
+        calls = [
+            (s, self.send(s, "pull", Pull(self.sender, sent[s], ks, tuple(carried.get(s, ())))))
+            for s, ks in keys.items()
+        ]
+        self.flush()  # waits concurrently with the pulls: both are already sent
+        return self.wait(calls, "pull")
+
+    def flush(self) -> None:
+        """Wait for the pushes still in flight (raising their errors)."""
+        if self.holding:
+            self.holding.release()
+        inflight, self.inflight = self.inflight, []
+        self.wait(inflight, "a push")
+
+    def reap(self) -> None:
+        """Raise the error of a finished in-flight push, if any; keep the rest."""
+        if any(f.done() for _, f in self.inflight):
+            done = [(s, f) for s, f in self.inflight if f.done()]
+            self.inflight = [(s, f) for s, f in self.inflight if not f.done()]
+            self.wait(done, "a push")

@@ -1,0 +1,183 @@
+"""How a server turns pushes into updates: a completed dist_sync round or a
+dist_async push of a sliced key, applied at once or prepared and voted on.
+
+A sliced key's update commits on every server or none, so with a custom
+updater (which may fail on one slice) each server prepares its slice and
+tells the others whether it succeeded (:meth:`Updates._vote`); every server
+commits when all slices succeeded. In dist_async the servers also apply a
+sliced key's updates in one order: the order in which server 0 received them
+(:class:`~._rounds.UpdateQueue`). Plain updates (whole keys, or no custom
+updater) are applied at once. A mixin of :class:`~._server.Server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ._errors import answered
+from ._rounds import Failure, UpdateQueue, add_note, failure_note, portable, pushed_by
+
+Key = int | str
+
+
+def _forget(task: asyncio.Future) -> None:
+    """Done-callback of a call not waited for: its error (a lost peer) is seen
+    as the update that times out naming that peer, so it is only retrieved here."""
+    if not task.cancelled():
+        task.exception()
+
+
+class Updates:
+    """Applying, preparing and voting on updates (see module doc)."""
+
+    def _failure(
+        self, exc: BaseException, keys: list[Key], senders: dict, rounds: dict | None = None
+    ) -> Failure:
+        """The failure of an update of ``keys``: the updater's own exception,
+        noted with where it was raised, owed to ``senders``."""
+        add_note(exc, failure_note(self.sid, keys, rounds))
+        return Failure(portable(exc), self.sid, keys, senders)
+
+    def _complete(self, keys: list[Key], sender: str) -> None:
+        """Apply the rounds of ``keys`` (all ranks pushed) in one ``Shard.apply``.
+
+        The update of a sliced key with a custom updater is only prepared here:
+        it commits when every server of the key has prepared its slice (see
+        :meth:`_vote`). If the update fails, the completing push (``sender``'s)
+        gets the error now and the other ranks at their next pull of the keys."""
+        rounds = {k: self.rounds[k] for k in keys}
+        batch = [(k, [rounds[k].pending[q] for q in sorted(rounds[k].pending)]) for k in keys]
+        deferred = [k for k in keys if k in self.sliced and self.shard.updater is not None]
+        prepared, failure = None, None
+        try:
+            if deferred:
+                prepared = self.shard.prepare(batch)
+            else:
+                self.shard.apply(batch)
+        except Exception as exc:  # the round still ends, so no rank waits forever
+            numbers = {k: r.done for k, r in rounds.items()}
+            failure = self._failure(exc, keys, pushed_by(keys, rounds), numbers)
+        now = [k for k in keys if k not in deferred]
+        if prepared is not None and now:
+            self.shard.commit({k: prepared[k] for k in now})
+        for key in now:
+            self._finish(key, failure)
+        for key in deferred:
+            m = rounds[key].done
+            candidate = None if prepared is None else prepared[key]
+            self._prepared[(key, m)] = (candidate, failure, pushed_by([key], rounds))
+            self._vote(key, m, None if failure is None else failure.error)
+        if failure is not None and now:
+            raise failure.report_to(sender)
+
+    def _finish(self, key: Key, failure: Failure | None) -> None:
+        r = self.rounds[key]
+        if self.bus.active and self.sync:
+            self._emit_round(key, r, completed=r.done)
+        r.finish(failure)
+        self._wake()
+
+    def _missing_votes(self, key: Key) -> str:
+        number = self.rounds[key].done
+        voted = self._votes.get((key, number), {})
+        if (key, number) in self._prepared:
+            voted = {**voted, self.sid: None}
+        late = [p for p in range(len(self.peers)) if p not in voted]
+        return f"servers {late} have not reported their slice of update {number} of key {key!r}"
+
+    def _queue_update(self, sender: str, seq: int, key: Key, value: Any) -> None:
+        """Queue ``sender``'s push of a sliced key (a copy: the message's buffer is
+        not ours to keep) and apply what is next in server 0's order.
+
+        With a custom updater, a sliced key's update commits on all its slices or
+        none, so every server applies the key's updates in one order: the order in
+        which server 0 received the pushes (it queues every key of a message at
+        once, so its orders of all keys agree), told with its votes. A push
+        returns once its updates are decided; no wait can form a cycle, since
+        every server decides in server 0's single order of messages."""
+        self.queues.setdefault(key, UpdateQueue()).arrive(sender, value.copy(), seq, self.sid == 0)
+        self._advance(key)
+
+    def _advance(self, key: Key) -> None:
+        """Prepare the next update of ``key`` in order, if it is here, and vote on it."""
+        number = self.rounds[key].done
+        taken = self.queues[key].take(number)
+        if taken is None:
+            return
+        (sender, n), value, seq = taken
+        senders = {sender: {key: seq}}
+        candidate, failure = None, None
+        try:
+            candidate = self.shard.prepare([(key, [value])])[key]
+        except Exception as exc:
+            failure = self._failure(exc, [key], senders)
+        self._prepared[(key, number)] = (candidate, failure, senders)
+        self._vote(key, number, None if failure is None else failure.error, (sender, n))
+
+    async def _updates_decided(self, sender: str, keys: list[Key]) -> None:
+        """Wait until ``sender``'s queued updates of ``keys`` are decided; raise
+        the first that failed (reported to ``sender`` once)."""
+        for key in keys:
+            q = self.queues[key]
+            await self._wait(
+                lambda q=q: not q.undecided.get(sender, 0), lambda k=key: self._missing_votes(k)
+            )
+        for key in keys:
+            failed = self.rounds[key].report_to(sender)
+            if failed is not None:
+                raise failed
+
+    def _vote(
+        self, key: Key, number: int, error: BaseException | None, push: tuple | None = None
+    ) -> None:
+        """Tell every server of the store whether this server's slice of update
+        ``number`` of ``key`` (a dist_sync round, or the ``number``-th dist_async
+        update, ``push``) succeeded (``error`` None), then decide."""
+        for peer in range(len(self.peers)):
+            if peer != self.sid:
+                self._send(peer, "vote", key, number, self.sid, error, push)
+        self._record_vote(key, number, self.sid, error)
+
+    def _send(self, peer: int, method: str, *args: Any) -> None:
+        """Call ``method`` of server ``peer`` without waiting (a vote never blocks
+        the loop; a lost peer shows as an update that times out naming it)."""
+        task = asyncio.ensure_future(self.host.call_peer(self.peers[peer], method, list(args)))
+        self._tasks.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_forget)
+
+    @answered
+    async def vote(
+        self, key: Key, number: int, sid: int, error: BaseException | None, push: tuple | None
+    ) -> None:
+        """Server ``sid``'s outcome of its slice of update ``number`` of ``key``;
+        from server 0 in dist_async, also which push that update is."""
+        if push is not None and sid == 0:
+            self.queues.setdefault(key, UpdateQueue()).learn(number, push)
+        self._record_vote(key, number, sid, error)
+        if not self.sync and key in self.queues:
+            self._advance(key)
+
+    def _record_vote(self, key: Key, number: int, sid: int, error: BaseException | None) -> None:
+        """Count a vote; with every server's vote and this server's own update
+        prepared, commit it if no slice failed, else keep nothing."""
+        votes = self._votes.setdefault((key, number), {})
+        votes[sid] = error
+        if len(votes) < len(self.peers) or (key, number) not in self._prepared:
+            return
+        del self._votes[(key, number)]
+        candidate, failure, senders = self._prepared.pop((key, number))
+        if self.rounds[key].done != number:  # aborted meanwhile
+            return
+        failed = [sid for sid in sorted(votes) if votes[sid] is not None]
+        if not failed:
+            self.shard.commit({key: candidate})
+        elif failure is None:  # another server's slice failed: report its error here too
+            failure = Failure(votes[failed[0]], failed[0], [key], senders)
+        if not self.sync:
+            (sender,) = senders
+            self.queues[key].decided(sender)
+        self._finish(key, failure)  # wakes the waiters, so after the queue's count
+        if not self.sync:
+            self._advance(key)
