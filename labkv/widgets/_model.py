@@ -262,7 +262,7 @@ class MonitorModel:
             self._fold_load(e)
             return
         self.timeline.append(e)
-        tally = e.extra.get("tally", False)  # counted calls only: no detail to show
+        tally = e.tally  # counted calls only: no detail to show
         if not tally:
             self.log.append(e)
         if op == "clock":
@@ -280,7 +280,7 @@ class MonitorModel:
             return
         if e.server is not None and op in ("push", "pull"):
             self._fold_traffic(e)
-            if not e.extra.get("first_piece", True):
+            if not e.first_piece:
                 return  # another slice of a push counted on the server holding slice 0
         elif op == "push" and e.store.startswith("dist"):
             return  # a rank's own view of a push its servers report

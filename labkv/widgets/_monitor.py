@@ -29,7 +29,7 @@ from ..events import export_trace, summarize
 from ._model import MonitorModel
 from ._text import summary as text_summary
 from ._throttle import Ticker
-from ._values import downsample, read_quietly
+from ._values import downsample
 
 __all__ = ["Monitor"]
 
@@ -191,16 +191,13 @@ class Monitor:
         model = self.model
         for key in model.take_server_changed(SERVER_READS):
             try:
-                value = read_quietly(self.kv, key, model.quiet)
+                value = self.kv.peek(key)
             except Exception:  # e.g. a server lost: the store's next call says so
                 continue
             model.set_value(key, summarize(value))
 
     def _read_placement(self) -> dict[Any, Any]:
-        try:
-            return dict(self.kv.placement())
-        except Exception:  # a store without placement (or one mid-shutdown) shows none
-            return {}
+        return dict(self.kv.placement())
 
     def _read_value(self, key: Any) -> None:
         value, model = self._value, self.model
@@ -211,7 +208,7 @@ class Monitor:
         if key is None or (key == value.key and key not in changed and value.picture is not None):
             return
         try:
-            array = read_quietly(self.kv, key, model.quiet)
+            array = self.kv.peek(key)  # not a pull: no event, safe from this thread
             picture = downsample(array)
             if key == value.key and _same(picture, value.picture):
                 return  # pushed again, but to the same value: nothing to redraw
@@ -258,8 +255,7 @@ class Monitor:
         return text_summary(self.model, self._placement, self._title(), events)
 
     def _title(self) -> str:
-        kind = getattr(self.kv, "type", None)
-        return str(kind if kind is not None else type(self.kv).__name__)
+        return str(self.kv.type)
 
     def __str__(self) -> str:
         return self.summary()
