@@ -39,17 +39,19 @@ class Reporting:
     _sizes: dict[Key, int]
 
     def _report_push(self, items: Items, start: float) -> None:
-        events, rank = self.events, self.rank
+        events, rank, sizes = self.events, self.rank, self._sizes
         for k, values in items:
-            admitted = events.count("push", k, self._nbytes(k), len(values), rank)
+            nbytes = sizes.get(k) or self._nbytes(k)
+            admitted = events.count("push", k, nbytes, len(values), rank)
             if admitted:
                 self._emit_push(k, values, *admitted, start)
         self._report_held_events()
 
     def _report_pull(self, items: Items, start: float) -> None:
-        events, rank = self.events, self.rank
+        events, rank, sizes = self.events, self.rank, self._sizes
         for k, outs in items:
-            admitted = events.count("pull", k, self._nbytes(k), len(outs), rank)
+            nbytes = sizes.get(k) or self._nbytes(k)
+            admitted = events.count("pull", k, nbytes, len(outs), rank)
             if admitted:
                 events.emit(
                     "pull",

@@ -11,10 +11,11 @@ Credits: once a busy (op, key)'s window has used its detailed events, its next
 calls are counted without reading the clock, as many as its rate so far fills the
 rest of the window with (:data:`CREDITS_MIN` to :data:`CREDITS_MAX`, so a window
 ends at most one grant late). A call of one array by the bus's own store spends
-such a credit in :meth:`Tallies.count` as ``next(credits, False)`` on an
-``itertools.repeat(True, n)``: one C call both spends the credit and counts the
-call (the calls are read back later as ``n - length_hint(credits)``; bytes are
-calls x bytes of one call). Other calls spend theirs in :meth:`Tallies.admit`.
+such a credit in :meth:`labkv.events.EventBus.count` as ``next(credits, False)``
+on an ``itertools.repeat(True, n)`` (from :attr:`Tallies.credits`): one C call
+both spends the credit and counts the call (the calls are read back later as
+``n - length_hint(credits)``; bytes are calls x bytes of one call). Other calls
+spend theirs in :meth:`Tallies.admit`.
 
 Threads: only the calling thread adds to a slot's calls and bytes, without a lock;
 what was reported changes under the lock (in :meth:`admit` or :meth:`due`, which
@@ -23,7 +24,7 @@ moment, never count a call twice).
 
 >>> t = Tallies()
 >>> t.configure(interval=60.0, burst=1)
->>> [t.count("push", "w", 8) for _ in range(3)]
+>>> [t.admit("push", "w", 8) for _ in range(3)]
 [(1, 8), None, None]
 >>> t.due()
 [(('push', 'w', 0, None), 2, 16)]
@@ -44,12 +45,12 @@ SlotId = tuple[str, Any, int, Any]
 
 #: the bounds of a grant of credits (see module doc)
 CREDITS_MIN, CREDITS_MAX = 32, 1024
-#: the ops whose calls of one array a store counts through :meth:`Tallies.count`
+#: the ops whose calls of one array may spend credits inline
 QUICK_OPS = ("push", "pull")
 
-#: no credits: ``next(_SPENT, False)`` is False, so the call goes to admit()
-_SPENT: Iterator[bool] = itertools.repeat(True, 0)
-_NO_QUICK: tuple[Iterator[bool], int] = (_SPENT, 0)
+#: no credits: ``next(SPENT, False)`` is False, so the call goes to admit()
+SPENT: Iterator[bool] = itertools.repeat(True, 0)
+_NO_QUICK: tuple[Iterator[bool], int] = (SPENT, 0)
 
 
 def _spent(quick: tuple[Iterator[bool], int]) -> int:
@@ -105,28 +106,21 @@ class Tallies:
         self.burst = 1
         self._slots: dict[SlotId, _Slot] = {}
         self._lock = threading.Lock()
-        #: per op, key -> the credits :meth:`count` spends; every key admit() has
-        #: seen is in here
-        self._credits: dict[str, dict[Any, Iterator[bool]]] = {op: {} for op in QUICK_OPS}
+        #: per op, key -> the credits a store's calls of one array spend, as
+        #: ``next(credits[op].get(key, SPENT), False)`` (see module doc); every key
+        #: admit() has seen is in here
+        self.credits: dict[str, dict[Any, Iterator[bool]]] = {op: {} for op in QUICK_OPS}
 
     def configure(self, interval: float, burst: int) -> None:
         """Follow new detail settings. Credits were granted under the old ones:
         take them back, so that each key's next call goes through admit() (which
         folds what was counted inline; a credit spent meanwhile stays counted)."""
         self.interval, self.burst = interval, burst
-        for credits in self._credits.values():
+        for credits in self.credits.values():
             for key in list(credits):  # a store may be adding keys on its thread
-                credits[key] = _SPENT
+                credits[key] = SPENT
         for slot in list(self._slots.values()):
             slot.credit = 0
-
-    def count(self, op: str, key: Any, nbytes: int, n: int = 1, rank: int = 0) -> Any:
-        """:meth:`admit` for a call of ``n`` arrays of ``nbytes`` each by the store
-        itself (no server); a call of one array may spend a credit instead."""
-        credits = self._credits.get(op)
-        if n == 1 and credits is not None and next(credits.get(key, _SPENT), False):
-            return None
-        return self.admit(op, key, nbytes * n, rank, None, n)
 
     def admit(
         self,
@@ -160,19 +154,19 @@ class Tallies:
             busy = slot.calls - slot.window_calls
             rate_fill = busy * (interval - elapsed) / max(elapsed, 1e-6)
             grant = min(max(int(rate_fill), CREDITS_MIN), CREDITS_MAX)
-            if units == 1 and server is None and op in self._credits:
+            if units == 1 and server is None and op in self.credits:
                 credits = itertools.repeat(True, grant)
                 slot.unit_bytes = nbytes
                 slot.quick = (credits, grant)
-                self._credits[op][key] = credits
+                self.credits[op][key] = credits
             else:
                 slot.credit = grant
             return None
         with self._lock:
             if slot is None:
                 self._slots[(op, key, rank, server)] = _Slot(now, nbytes)
-                if server is None and op in self._credits:
-                    self._credits[op][key] = _SPENT  # count() finds the key from now on
+                if server is None and op in self.credits:
+                    self.credits[op][key] = SPENT  # found by the inline spend from now on
                 return 1, nbytes
             if now - slot.window >= interval:
                 slot.window, slot.used, slot.window_calls = now, 0, slot.calls
@@ -182,9 +176,9 @@ class Tallies:
     def _fold_quick(self, op: str, key: Any, slot: _Slot) -> None:
         """Add the calls counted inline to the slot (the calling thread's job):
         clear the grant first (due() may be reading), then take the spent
-        credits away from count()."""
+        credits away from the inline spend."""
         quick, slot.quick = slot.quick, _NO_QUICK
-        self._credits[op][key] = _SPENT
+        self.credits[op][key] = SPENT
         spent = _spent(quick)
         slot.calls += spent
         slot.nbytes += spent * slot.unit_bytes

@@ -89,7 +89,8 @@ class LocalStore(KVStore):
         return self._shard.read(key)
 
     def _report_held_events(self) -> None:
-        self._shard.flush_events()  # the update events a push caused, after the push's
+        if self._shard.deferred:  # the update events a push caused, after the push's
+            self._shard.flush_events()
 
     def placement(self) -> dict[Key, list[dict[str, Any]]]:
         """Every key in one piece, on the device that holds it (see
