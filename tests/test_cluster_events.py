@@ -43,7 +43,7 @@ def test_server_events_reach_the_notebook_bus(handle):
         kv.push(0, np.ones(4, dtype=np.float32))  # nobody listens: nothing is sent
         kv.pull(0)
         time.sleep(0.3)  # longer than a flush interval: a stray batch would be there
-        assert handle.client.get_events(topic_of(kv._id)) == ()
+        assert handle.client.get_events(topic_of(kv.events.store_id)) == ()
         sub = kv.events.subscribe(record)
         run(_two_ranks_push, num_workers=2, kvstore=kv)
         assert _wait_for(events, lock, lambda e: e.op == "round" and e.extra["complete"])
@@ -65,10 +65,10 @@ def test_server_events_reach_the_notebook_bus(handle):
         assert load.extra["bytes_in"] >= 3 * 16 and load.extra["bytes_held"] == 16
         sub.unsubscribe()
         time.sleep(0.3)
-        n = len(handle.client.get_events(topic_of(kv._id)))
+        n = len(handle.client.get_events(topic_of(kv.events.store_id)))
         kv.push(0, np.ones(4, dtype=np.float32))
         kv.pull(0)
         time.sleep(0.3)
-        assert len(handle.client.get_events(topic_of(kv._id))) == n  # streaming stopped
+        assert len(handle.client.get_events(topic_of(kv.events.store_id))) == n  # streaming stopped
     finally:
         kv.close()

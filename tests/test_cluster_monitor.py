@@ -146,7 +146,7 @@ def test_unwatched_ranks_send_no_events(handle):
         kv.init("w", np.zeros(16, dtype=np.float32))
         run(_pull_often, num_workers=2, kvstore=kv, args=(5,))
         time.sleep(0.3)  # longer than a flush interval: a stray batch would be there
-        assert handle.client.get_events(topic_of(kv._id)) == ()
+        assert handle.client.get_events(topic_of(kv.events.store_id)) == ()
     finally:
         kv.close()
 

@@ -313,7 +313,6 @@ def test_only_the_shown_tab_is_redrawn_and_a_closed_monitor_draws_every_tab(monk
     kv = labkv.create("local")
     mon = monitor(kv, hz=20)
     _ = mon.widget
-    mon._ticker.stop()  # refreshes only when this test asks (internal: the refresh thread)
     d = mon.dashboard
     peeks = []
     peek = kv.peek
