@@ -89,7 +89,7 @@ class LocalStore(KVStore):
         return self._shard.read(key)
 
     def _report_held_events(self) -> None:
-        if self._shard.deferred:  # the update events a push caused, after the push's
+        if self._shard.deferred:  # checked here: this runs on every watched push
             self._shard.flush_events()
 
     def placement(self) -> dict[Key, list[dict[str, Any]]]:
