@@ -214,8 +214,8 @@ class EventBus:
     def count(
         self, op: str, key: Key | None, nbytes: int, n: int = 1, rank: int = 0
     ) -> tuple[int, int] | None:
-        """Count a store's call of ``n`` arrays of ``nbytes`` each (a push or pull
-        made in this process): ``(count, nbytes)`` when it gets a detailed event now
+        """Count a store's call of ``n`` arrays of ``nbytes`` each (``op`` is
+        ``'push'`` or ``'pull'``, made in this process): ``(count, nbytes)`` when it gets a detailed event now
         (the caller then emits it with that ``count`` and ``nbytes``), ``None`` when
         it was only counted. The one method a store reports its calls through; the
         bus counts busy calls of one array without reading the clock (see
@@ -228,8 +228,7 @@ class EventBus:
         """
         # The hot path of a watched busy store: one dict lookup per level and one C
         # call that spends a credit and counts the call at once (see _tally.py).
-        credits = self._credits.get(op)
-        if n == 1 and credits is not None and next(credits.get(key, SPENT), False):
+        if n == 1 and next(self._credits[op].get(key, SPENT), False):
             return None
         return self._tallies.admit(op, key, nbytes * n, rank, None, n)
 
