@@ -36,7 +36,7 @@ def _events(n: int) -> list[Event]:
                     )
                     seq += 1
                 for op, extra in (
-                    ("push", {"first_piece": True}),
+                    ("push", {}),
                     ("optimizer", {}),
                     ("clock", {"clocks": [3, 2], "clock": 3, "waited_s": 1e-4}),
                 ):

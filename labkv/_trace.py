@@ -108,7 +108,7 @@ def to_trace(
             end = max(end, begin + _MIN_US)
         ends[track] = end
         counter = (e.server, e.rank, e.key)
-        if op == "push" and not extra.get("first_piece", True):
+        if op == "push" and not e.first_piece:
             seen = pushes.get(counter, 0)  # another slice of a push counted on server 0
         elif op == "push":
             seen = pushes[counter] = pushes.get(counter, 0) + e.count

@@ -21,20 +21,18 @@ Recorded events export as a Chrome / Perfetto trace (:func:`export_trace`,
 from __future__ import annotations
 
 import itertools
-import math
-import operator
 import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
+from ._summary import summarize, summarize_sum
+from ._tally import SPENT, Tallies
 from ._trace import export_trace, to_trace
-from .devices import array_module, device_of, is_cupy, on_device, to_device
+from .devices import device_of
 
 __all__ = [
     "Event",
@@ -47,49 +45,6 @@ __all__ = [
 ]
 
 Key = int | str
-
-#: calls a busy (op, key) is counted without reading the clock, once its window's
-#: detailed events are used up: as many as its rate so far fills the rest of the
-#: window with, within these bounds (a window ends at most one grant late)
-_CREDITS_MIN, _CREDITS_MAX = 32, 1024
-
-# The fields of a tally slot (a list, for cheap in-place counting): calls and bytes
-# counted by admit(); calls and bytes reported in events so far; the current detail
-# window's start, details used and calls before it; credits left for calls through
-# admit(); the credits the store spends itself (`quick`): ``(iterator, granted)``, one
-# tuple so that another thread reads both at once; the bytes of one such call.
-(
-    _CALLS,
-    _BYTES,
-    _REPORTED,
-    _REPORTED_BYTES,
-    _WINDOW,
-    _USED,
-    _WINDOW_CALLS,
-    _CREDIT,
-    _QUICK,
-    _UNIT_BYTES,
-) = range(10)
-
-#: no credits: ``next(_SPENT, False)`` is False, so the store asks admit()
-_SPENT = itertools.repeat(True, 0)
-_NO_QUICK = (_SPENT, 0)
-
-
-def _spent(quick: tuple[Any, int]) -> int:
-    """Calls the store counted inline with a ``(credits, granted)`` grant."""
-    credits, granted = quick
-    return granted - operator.length_hint(credits) if granted else 0
-
-
-def _report(slot: list, nbytes: int) -> tuple[int, int]:
-    """Count one call of ``nbytes`` in ``slot`` and report it with the calls only
-    counted since the last report: ``(count, nbytes)`` (under the tally lock)."""
-    slot[_CALLS] += 1
-    slot[_BYTES] += nbytes
-    count, total = slot[_CALLS] - slot[_REPORTED], slot[_BYTES] - slot[_REPORTED_BYTES]
-    slot[_REPORTED], slot[_REPORTED_BYTES] = slot[_CALLS], slot[_BYTES]
-    return count, total
 
 
 @dataclass(slots=True)
@@ -121,6 +76,8 @@ class Event:
     server: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     count: int = 1
+    tally: bool = False
+    first_piece: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """The event as plain Python data (JSON-able), e.g. to send it between processes."""
@@ -133,67 +90,6 @@ class Event:
         data["devices"] = tuple(data.get("devices", ()))
         data["shape"] = tuple(data.get("shape", ()))
         return cls(**data)
-
-
-def summarize(array: Any) -> dict[str, float]:
-    """``min``, ``max``, ``mean`` and L2 ``norm`` of an array, as Python floats,
-    computed on the array's own device (whichever GPU is current in the caller).
-
-    >>> summarize(np.array([3.0, -4.0]))
-    {'min': -4.0, 'max': 3.0, 'mean': -0.5, 'norm': 5.0}
-    """
-    if array.size == 0:
-        return {"min": math.nan, "max": math.nan, "mean": math.nan, "norm": 0.0}
-    # CuPy runs kernels on the *current* GPU and refuses operands that live on another:
-    # callers (a shard's events, the monitor's thread, a server) may have any one current.
-    with on_device(device_of(array)):
-        return _summarize_here(array)
-
-
-def _summarize_here(array: Any) -> dict[str, float]:
-    xp = array_module(array)
-    flat = array.reshape(-1)
-    if flat.dtype.kind == "c":
-        flat = xp.abs(flat)
-    elif flat.dtype.kind != "f":
-        flat = flat.astype(np.float64)
-    # Min/max in the array's own dtype, the mean accumulated in float64 and the norm
-    # from one dot product: no float64 copy of a float32 array (this runs per event).
-    # A float16 dot product overflows from a norm of 256 on: its squares add in float32.
-    squares = flat.astype(np.float32) if flat.dtype.itemsize < 4 else flat
-    if xp is np:
-        return {
-            "min": float(flat.min()),
-            "max": float(flat.max()),
-            "mean": float(flat.mean(dtype=np.float64)),
-            "norm": math.sqrt(float(np.vdot(squares, squares).real)),
-        }
-    # On a GPU: the four stats come to the host in one copy.
-    stats = xp.stack(
-        [
-            flat.min().astype(np.float64),
-            flat.max().astype(np.float64),
-            flat.mean(dtype=np.float64),
-            xp.sqrt(xp.vdot(squares, squares).real.astype(np.float64)),
-        ]
-    )
-    stats = stats.get() if is_cupy(stats) else stats
-    return dict(zip(("min", "max", "mean", "norm"), (float(s) for s in stats), strict=True))
-
-
-def summarize_sum(values: Sequence[Any]) -> dict[str, float]:
-    """:func:`summarize` of ``values[0] + values[1] + ...`` (arrays of one shape on
-    any devices), added in float64 on the first one's device.
-
-    >>> summarize_sum([np.ones(2, np.float32), np.full(2, 2.0)])
-    {'min': 3.0, 'max': 3.0, 'mean': 3.0, 'norm': 4.242640687119285}
-    """
-    device = device_of(values[0])
-    with on_device(device):
-        total = values[0].astype(np.float64)
-        for value in values[1:]:
-            total += to_device(value, device, copy=False)
-    return summarize(total)
 
 
 class Subscription:
@@ -239,7 +135,12 @@ class EventBus:
     [1, 2]
     """
 
-    def __init__(self, store_id: str, ring_size: int = 1000):
+    def __init__(
+        self,
+        store_id: str,
+        ring_size: int = 1000,
+        read: Callable[[Key], Any] | None = None,
+    ):
         self.store_id = store_id
         self.active = False
         self.detail_interval = 0.0
@@ -249,18 +150,12 @@ class EventBus:
         self._ring: deque[Event] = deque(maxlen=ring_size)
         self._seq = itertools.count()
         self._lock = threading.Lock()
-        self._tally_lock = threading.Lock()
-        self._tallies: dict[tuple, list] = {}
-        #: per op, key -> credits a store's hot path spends itself on calls of one
-        #: array each (this bus's own rank): ``next(quick[op][key], False)`` is True
-        #: for a call counted that way, False once they are spent (then it calls
-        #: admit()); one C call per counted call, the cheapest count Python has.
-        #: Every key admit() has seen is in here (a KeyError: a key's first call).
-        self.quick: dict[str, dict[Key, Any]] = {"push": {}, "pull": {}}
-        self.quick_push, self.quick_pull = self.quick["push"], self.quick["pull"]
-        #: ``peek(key) -> array`` set by a store whose values can be read cheaply
-        #: here; :meth:`flush` then gives tallied changes a fresh value summary.
-        self.peek: Callable[[Key], Any] | None = None
+        self._tallies = Tallies()
+        self._credits = self._tallies.credits
+        #: ``read(key) -> array or None``: a key's stored value, read without copying
+        #: and without an event (the store's own); :meth:`flush` then gives the calls
+        #: it reports a fresh value summary.
+        self._read = read
 
     def subscribe(
         self,
@@ -309,19 +204,33 @@ class EventBus:
         wanted = [s.detail_interval for s in self._subscribers]
         self.detail_interval = 0.0 if self._recording or not wanted else min(wanted)
         self.detail_burst = max((s.detail_burst for s in self._subscribers), default=1)
-        # Credits were granted under the old settings: take them back, so that the next
-        # call of every key goes through admit() and follows the new ones (admit folds
-        # what was counted inline; a credit spent meanwhile is still in its slot).
-        for credits in self.quick.values():
-            for key in list(credits):  # a store may be adding keys on its thread
-                credits[key] = _SPENT
-        for slot in list(self._tallies.values()):
-            slot[_CREDIT] = 0
+        self._tallies.configure(self.detail_interval, self.detail_burst)
 
     def _changed(self) -> None:
         """Called after the subscribers or recording changed, outside the lock:
         a subclass may do slow work here (the cluster bus tells its servers),
         while events keep being delivered on other threads."""
+
+    def count(
+        self, op: str, key: Key | None, nbytes: int, n: int = 1, rank: int = 0
+    ) -> tuple[int, int] | None:
+        """Count a store's call of ``n`` arrays of ``nbytes`` each (``op`` is
+        ``'push'`` or ``'pull'``, made in this process): ``(count, nbytes)`` when it gets a detailed event now
+        (the caller then emits it with that ``count`` and ``nbytes``), ``None`` when
+        it was only counted. The one method a store reports its calls through; the
+        bus counts busy calls of one array without reading the clock (see
+        ``labkv/_tally.py``). Call it only when :attr:`active`.
+
+        >>> bus = EventBus("s")
+        >>> _ = bus.subscribe(lambda e: None, detail_interval=60)
+        >>> [bus.count("pull", "w", 8, n=2) for _ in range(3)]
+        [(1, 16), None, None]
+        """
+        # The hot path of a watched busy store: one dict lookup per level and one C
+        # call that spends a credit and counts the call at once (see _tally.py).
+        if n == 1 and next(self._credits[op].get(key, SPENT), False):
+            return None
+        return self._tallies.admit(op, key, nbytes * n, rank, None, n)
 
     def admit(
         self,
@@ -332,111 +241,38 @@ class EventBus:
         server: int | None = None,
         units: int = 1,
     ) -> tuple[int, int] | None:
-        """Whether a call gets a detailed event now: ``(count, nbytes)`` of the
-        calls that event stands for, or ``None`` when the call was only tallied
-        (see ``detail_interval`` in :meth:`subscribe`). ``units`` is the number
-        of arrays of the call (only calls of one array are counted inline by the
-        store, see :attr:`quick`). Call it only when :attr:`active`.
+        """:meth:`count` for any call: an updater or optimizer step, a server's
+        receipt of a push (``server``), ``nbytes`` in all for ``units`` arrays.
 
         >>> bus = EventBus("s")
         >>> _ = bus.subscribe(lambda e: None, detail_interval=60)
         >>> bus.admit("push", 1, 8), bus.admit("push", 1, 8), bus.admit("push", 1, 8)
         ((1, 8), None, None)
         """
-        interval = self.detail_interval
-        slot = self._tallies.get((op, key, rank, server))
-        if not interval:
-            # Every call is an event; calls counted under earlier settings ride on it.
-            return (1, nbytes) if slot is None else self._with_backlog(op, key, slot, nbytes)
-        # Only the calling thread adds to a slot's calls and bytes, without a lock (the
-        # common, cheap path); what was reported changes under the lock, here or in
-        # flush(). Credits let a busy loop skip the clock: once a window's details are
-        # used up, the next calls (a grant of credits) are counted without looking at
-        # the time, by the store itself for calls of one array (see `quick`), else here.
-        if slot is not None:
-            if slot[_QUICK][1]:
-                self._fold_quick(op, key, slot)
-            if slot[_CREDIT] > 0:  # > 0: _refresh() may zero it between check and use
-                slot[_CREDIT] -= 1
-                slot[_CALLS] += 1
-                slot[_BYTES] += nbytes
-                return None
-        now = time.monotonic()
-        elapsed = now - slot[_WINDOW] if slot is not None else interval
-        if elapsed < interval and slot[_USED] >= self.detail_burst:
-            slot[_CALLS] += 1
-            slot[_BYTES] += nbytes
-            busy = slot[_CALLS] - slot[_WINDOW_CALLS]
-            rate_fill = busy * (interval - elapsed) / max(elapsed, 1e-6)
-            grant = min(max(int(rate_fill), _CREDITS_MIN), _CREDITS_MAX)
-            if units == 1 and server is None and op in self.quick:
-                credits = itertools.repeat(True, grant)
-                slot[_UNIT_BYTES] = nbytes
-                slot[_QUICK] = (credits, grant)
-                self.quick[op][key] = credits
-            else:
-                slot[_CREDIT] = grant
-            return None
-        with self._tally_lock:
-            if slot is None:
-                slot = [1, nbytes, 1, nbytes, now, 1, 0, 0, _NO_QUICK, nbytes]
-                self._tallies[(op, key, rank, server)] = slot
-                if server is None and op in self.quick:
-                    self.quick[op][key] = _SPENT  # the store's lookup finds it from now on
-                return 1, nbytes
-            if now - slot[_WINDOW] >= interval:
-                slot[_WINDOW], slot[_USED], slot[_WINDOW_CALLS] = now, 0, slot[_CALLS]
-            slot[_USED] += 1
-            return _report(slot, nbytes)
-
-    def _fold_quick(self, op: str, key: Key, slot: list) -> None:
-        """Add the calls the store counted inline to the slot (the calling thread's
-        job): clear the grant first (flush() may be reading), and take the spent
-        credits away from the store's hot path."""
-        quick, slot[_QUICK] = slot[_QUICK], _NO_QUICK
-        self.quick[op][key] = _SPENT
-        spent = _spent(quick)
-        slot[_CALLS] += spent
-        slot[_BYTES] += spent * slot[_UNIT_BYTES]
-
-    def _with_backlog(self, op: str, key: Key, slot: list, nbytes: int) -> tuple[int, int]:
-        """This call's ``(count, nbytes)`` plus those of the calls only counted so far."""
-        if slot[_QUICK][1]:
-            self._fold_quick(op, key, slot)
-        with self._tally_lock:
-            return _report(slot, nbytes)
+        return self._tallies.admit(op, key, nbytes, rank, server, units)
 
     def flush(self) -> int:
-        """Deliver the calls tallied since their last detailed event, as one
-        ``count``-carrying event per op and key (``extra['tally']`` True, and
-        ``summary`` the key's current value where the store lets the bus
-        :attr:`peek`); returns how many events that made.
+        """Deliver the calls counted since their last detailed event, as one
+        ``count``-carrying event per op and key (:attr:`Event.tally` True, and
+        ``summary`` the key's current value where the store lets the bus read
+        it); returns how many events that made.
 
         >>> bus = EventBus("s"); got = []
         >>> _ = bus.subscribe(got.append, detail_interval=60)
         >>> for _ in range(3):
-        ...     if bus.admit("push", 1, 8):
+        ...     if bus.count("push", 1, 8):
         ...         _ = bus.emit("push", 1, nbytes=8)
-        >>> bus.flush(), [(e.count, e.nbytes) for e in got]
-        (1, [(1, 8), (2, 16)])
+        >>> bus.flush(), [(e.count, e.nbytes, e.tally) for e in got]
+        (1, [(1, 8, False), (2, 16, True)])
         """
-        due = []
-        with self._tally_lock:
-            for k, slot in list(self._tallies.items()):
-                # calls and bytes before the inline count: a fold in between can only
-                # make this total fall short for now, never count a call twice
-                calls, nbytes = slot[_CALLS], slot[_BYTES]
-                spent = _spent(slot[_QUICK])
-                calls, nbytes = calls + spent, nbytes + spent * slot[_UNIT_BYTES]
-                if calls > slot[_REPORTED]:
-                    due.append((k, calls - slot[_REPORTED], nbytes - slot[_REPORTED_BYTES]))
-                    slot[_REPORTED], slot[_REPORTED_BYTES] = calls, nbytes
-        peek, summaries = self.peek, {}  # a key's pushes and pulls share one summary
+        due = self._tallies.due()
+        read, summaries = self._read, {}  # a key's pushes and pulls share one summary
         for (op, key, rank, server), count, nbytes in due:
             summary = None
-            if peek is not None and server is None:
+            if read is not None and server is None:
                 if key not in summaries:
-                    summaries[key] = summarize(peek(key))
+                    value = read(key)
+                    summaries[key] = None if value is None else summarize(value)
                 summary = summaries[key]
             event = Event(
                 next(self._seq),
@@ -449,7 +285,7 @@ class EventBus:
                 nbytes=nbytes,
                 count=count,
                 summary=summary,
-                extra={"tally": True},
+                tally=True,
             )
             self.deliver(event)
         return len(due)

@@ -35,9 +35,6 @@ class LocalStore(KVStore):
         super().__init__(kvtype, name)
         self._shard = Shard(self.events, defer_events=True)
         self._homes = HomeDevices()
-        self.events.peek = self._shard.read
-        self._flush_events = self._shard.flush_events  # update events held back by a push
-        self._deferred_events = self._shard.deferred
 
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
         placed = []
@@ -88,16 +85,22 @@ class LocalStore(KVStore):
     def _barrier_impl(self) -> None:
         return None
 
+    def _stored(self, key: Key) -> Any:
+        return self._shard.read(key)
+
+    def _report_held_events(self) -> None:
+        if self._shard.deferred:  # checked here: this runs on every watched push
+            self._shard.flush_events()
+
     def placement(self) -> dict[Key, list[dict[str, Any]]]:
-        """Where every key lives: ``{key: [{'server': None, 'device': 'cpu(0)',
-        'start': 0, 'stop': size}]}`` (one piece; the cluster store cuts big
-        values into slices on several servers and reports them the same way).
+        """Every key in one piece, on the device that holds it (see
+        :meth:`KVStore.placement`).
 
         >>> import labkv, numpy as np
-        >>> kv = labkv.create()
-        >>> kv.init(0, np.zeros(4))
+        >>> kv = labkv.create("device")
+        >>> kv.init("w", labkv.ones(3, device=labkv.cpu(1)))
         >>> kv.placement()
-        {0: [{'server': None, 'device': 'cpu(0)', 'start': 0, 'stop': 4}]}
+        {'w': [{'server': None, 'device': 'cpu(0)', 'start': 0, 'stop': 3}]}
         """
         return {
             key: [
@@ -112,8 +115,8 @@ class LocalStore(KVStore):
         }
 
     def peek(self, key: Key) -> Any:
-        """A copy of ``key``'s value that is not a pull: no event, nothing counted
-        (what a monitor uses to draw a value).
+        """A copy of ``key``'s value (see :meth:`KVStore.peek`), on the device that
+        holds it.
 
         >>> import labkv, numpy as np
         >>> kv = labkv.create()

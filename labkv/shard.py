@@ -23,7 +23,7 @@ array([2., 2.], dtype=float32)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 from .devices import device_of, empty_like, new_like, on_device, to_device
@@ -32,6 +32,26 @@ from .reduce import sum_into
 
 Key = int | str
 Updater = Callable[[Key, Any, Any], Any]
+
+
+def check_new_keys(keys: Iterable[Key], known: Container[Key]) -> None:
+    """Raise ``ValueError`` for the first of ``keys`` that is already initialised
+    (in ``known``) or appears twice: the one "already initialised" rule, used by
+    a store's ``init`` (whole call, before anything changes) and by every shard.
+
+    >>> check_new_keys([1, 2], known={3})
+    >>> check_new_keys([1, 3], known={3})
+    Traceback (most recent call last):
+    ...
+    ValueError: key 3 is already initialised
+    """
+    seen: set[Key] = set()
+    for key in keys:
+        if key in known:
+            raise ValueError(f"key {key!r} is already initialised")
+        if key in seen:
+            raise ValueError(f"key {key!r} appears twice in one init call")
+        seen.add(key)
 
 
 class Shard:
@@ -55,7 +75,6 @@ class Shard:
         # With defer_events, update events wait in here until flush_events(), so a
         # store can report the push first and the update it caused second.
         self.defer_events = defer_events
-        # One list for the shard's life (cleared in place): a store may hold on to it.
         self.deferred: list[tuple[tuple, dict]] = []
 
     def __contains__(self, key: Key) -> bool:
@@ -63,8 +82,7 @@ class Shard:
 
     def init(self, key: Key, value: Any) -> None:
         """Store ``value`` (owned by the shard from now on) under a new key."""
-        if key in self.values:
-            raise ValueError(f"key {key!r} is already initialised")
+        check_new_keys([key], self.values)
         self.values[key] = value
 
     def read(self, key: Key) -> Any:

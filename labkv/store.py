@@ -16,7 +16,6 @@ array([[2., 2., 2.],
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from . import _statefile
 from ._args import (
     LengthMismatchError,
     group,
@@ -32,39 +30,21 @@ from ._args import (
     normalize_key,
     normalize_keys,
 )
+from ._checks import Checks
+from ._reporting import Reporting
+from ._rows import row_id_lists
+from ._updating import Updating
 from .compression import GradientCompression
-from .devices import array_module, copy_into, device_of, is_cupy
-from .events import EventBus, summarize, summarize_sum
+from .devices import array_module, copy_into
+from .events import EventBus
 from .optimizers import Optimizer
-from .optimizers import create as create_optimizer
+from .shard import check_new_keys
 
 Key = int | str
 Items = list[tuple[Key, list[Any]]]
 
 
-def _kind_name(kind: type) -> str:
-    return kind.__name__
-
-
-def _row_indices(key: Key, row_ids: Any, num_rows: int) -> np.ndarray:
-    """``row_ids`` as a flat int64 array of rows of ``key``. Floats holding whole
-    numbers are accepted (MXNet's ``nd.array`` makes float32 ids by default)."""
-    rows = np.asarray(row_ids.get() if is_cupy(row_ids) else row_ids).reshape(-1)
-    if rows.dtype.kind not in "iuf":
-        raise TypeError(f"row_ids for key {key!r} must be real numbers, got {rows.dtype}")
-    if rows.dtype.kind == "f":
-        whole = np.isfinite(rows) & (rows == np.round(rows))
-        if not whole.all():
-            bad = rows[~whole][0].item()
-            raise ValueError(f"row_ids for key {key!r} must be whole numbers; got {bad!r}")
-    outside = (rows < 0) | (rows >= num_rows)
-    if outside.any():
-        bad = rows[outside][0].item()
-        raise IndexError(f"row_ids for key {key!r} out of range [0, {num_rows}): got {bad!r}")
-    return rows.astype(np.int64, copy=False)
-
-
-class KVStore:
+class KVStore(Checks, Updating, Reporting):
     """A key-value store for parameters and gradients, with MXNet's API.
 
     Use :func:`labkv.create` to make one. Keys are ``int`` or ``str`` (one
@@ -76,7 +56,7 @@ class KVStore:
         self._kind = kvtype  # the labkv store type: what the backend does
         self._type = name or kvtype  # the name the user gave (MXNet's kv.type)
         self._id = f"{kvtype}-{uuid.uuid4().hex[:8]}"
-        self.events = EventBus(self._id)
+        self.events = EventBus(self._id, read=self._stored)
         self._meta: dict[Key, tuple[tuple[int, ...], np.dtype]] = {}
         self._sizes: dict[Key, int] = {}
         self._key_kind: type | None = None
@@ -123,48 +103,6 @@ class KVStore:
     def __repr__(self) -> str:
         return f"<labkv.KVStore type={self._type!r} keys={len(self._meta)} id={self._id}>"
 
-    # -- checks ------------------------------------------------------------
-    def _check_key_kinds(self, keys: Sequence[Key]) -> None:
-        kind = self._key_kind
-        for key in keys:
-            if kind is None:
-                kind = type(key)
-            elif type(key) is not kind:
-                raise TypeError(
-                    f"this store uses {_kind_name(kind)} keys; got {type(key).__name__} key "
-                    f"{key!r} (one store takes one kind of key)"
-                )
-
-    def _check_known(self, keys: Sequence[Key]) -> None:
-        self._check_key_kinds(keys)
-        for key in keys:
-            if key not in self._meta:
-                raise KeyError(f"key {key!r} is not initialised; call init({key!r}, value) first")
-
-    def _check_arrays(self, key: Key, arrays: Sequence[Any], what: str) -> None:
-        shape, dtype = self._meta[key]
-        for array in arrays:
-            if array.shape != shape:
-                raise ValueError(
-                    f"{what} for key {key!r} has shape {tuple(array.shape)}, "
-                    f"but the stored value has shape {shape}"
-                )
-            if array.dtype.kind == "c" and dtype.kind != "c":
-                raise TypeError(f"{what} for key {key!r} is complex; the stored dtype is {dtype}")
-
-    def _check_writable(self, key: Key, outs: Sequence[Any]) -> None:
-        for out in outs:
-            if isinstance(out, np.ndarray) and not out.flags.writeable:
-                raise ValueError(f"out for key {key!r} is read-only")
-
-    def _prepare(self, key: Any, value: Any, what: str) -> tuple[list[Key], bool, list[list]]:
-        keys, single = normalize_keys(key)
-        arrays = group(keys, single, value, what)
-        self._check_known(keys)
-        for k, arrs in zip(keys, arrays, strict=True):
-            self._check_arrays(k, arrs, what)
-        return keys, single, arrays
-
     # -- init ----------------------------------------------------------------
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
         """Initialise one key or a list of keys with a value each.
@@ -182,13 +120,8 @@ class KVStore:
         keys, single = normalize_keys(key)
         arrays = group(keys, single, value, "value")
         self._check_key_kinds(keys)
-        seen: set[Key] = set()
+        check_new_keys(keys, self._meta)
         for k, arrs in zip(keys, arrays, strict=True):
-            if k in self._meta:
-                raise ValueError(f"key {k!r} is already initialised")
-            if k in seen:
-                raise ValueError(f"key {k!r} appears twice in one init call")
-            seen.add(k)
             if any(a.shape != arrs[0].shape for a in arrs):
                 raise ValueError(f"the values given to init key {k!r} differ in shape")
         if not keys:
@@ -232,46 +165,8 @@ class KVStore:
         self._push_impl(sent)
         if commit is not None:
             self._residuals_committed(commit())
-        events = self.events
-        if events.active:
-            quick = events.quick_push
-            for k, values in items:
-                try:  # free in Python 3.11+ while nothing raises; a key's first call does
-                    if len(values) == 1 and next(quick[k], False):
-                        continue  # counted: a credit of EventBus.quick spent
-                except KeyError:
-                    pass
-                nbytes = self._nbytes(k) * len(values)
-                admitted = events.admit("push", k, nbytes, self.rank, None, len(values))
-                if admitted:
-                    self._emit_push(k, values, *admitted, start)
-            if self._deferred_events:
-                self._flush_events()
-
-    def _nbytes(self, key: Key) -> int:
-        """Bytes of one array of ``key`` (cached: this runs on every watched call)."""
-        nbytes = self._sizes.get(key)
-        if nbytes is None:
-            shape, dtype = self._meta[key]
-            nbytes = self._sizes[key] = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return nbytes
-
-    def _emit_push(
-        self, key: Key, values: list[Any], count: int, nbytes: int, start: float = 0.0
-    ) -> None:
-        per_device = [summarize(v) for v in values]
-        total = per_device[0] if len(values) == 1 else summarize_sum(values)
-        self.events.emit(
-            "push",
-            key,
-            values[0],
-            rank=self.rank,
-            devices=tuple(str(device_of(v)) for v in values),
-            nbytes=nbytes,
-            count=count,
-            summary=total,
-            extra={"per_device": per_device, "start": start},
-        )
+        if self.events.active:
+            self._report_push(items, start)
 
     # -- pull ----------------------------------------------------------------
     def pull(
@@ -311,29 +206,8 @@ class KVStore:
     def _pull_items(self, items: Items) -> None:
         start = time.time() if self.events.active else 0.0
         self._pull_impl(items)
-        events = self.events
-        if events.active:
-            quick = events.quick_pull
-            for k, outs in items:
-                try:  # see _push_items
-                    if len(outs) == 1 and next(quick[k], False):
-                        continue  # counted: a credit of EventBus.quick spent
-                except KeyError:
-                    pass
-                nbytes = self._nbytes(k) * len(outs)
-                rank = self.rank
-                admitted = events.admit("pull", k, nbytes, rank, None, len(outs))
-                if admitted:
-                    events.emit(
-                        "pull",
-                        k,
-                        outs[0],
-                        rank=rank,
-                        devices=tuple(str(device_of(o)) for o in outs),
-                        count=admitted[0],
-                        nbytes=admitted[1],
-                        extra={"start": start},
-                    )
+        if self.events.active:
+            self._report_pull(items, start)
 
     def pushpull(
         self, key: Key | Sequence[Key], value: Any, out: Any = None, priority: int = 0
@@ -410,7 +284,8 @@ class KVStore:
             out_lists = [[self._new_out(k)] for k in keys]
         else:
             keys, _, out_lists = self._prepare(key, out, "out")
-        id_lists = self._row_id_lists(keys, single, out_lists, row_ids)
+        shapes = [self._meta[k][0] for k in keys]
+        id_lists = row_id_lists(shapes, keys, single, out_lists, row_ids)
         for k, outs in zip(keys, out_lists, strict=True):
             self._check_writable(k, outs)
         full = [self._new_out(k) for k in keys]
@@ -427,153 +302,34 @@ class KVStore:
             return fresh[0] if single else fresh
         return None
 
-    def _row_id_lists(
-        self, keys: list[Key], single: bool, out_lists: list[list], row_ids: Any
-    ) -> list[list]:
-        per_key = [row_ids] if single else row_ids
-        if not single and (not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(keys)):
-            raise LengthMismatchError(f"{len(keys)} keys need a list of {len(keys)} row_ids")
-        result = []
-        for k, outs, ids in zip(keys, out_lists, per_key, strict=True):
-            shape = self._meta[k][0]
-            if not shape:
-                raise ValueError(f"row_sparse_pull needs a value with rows; key {k!r} is a scalar")
-            id_arrays = ids if isinstance(ids, (list, tuple)) else [ids] * len(outs)
-            if len(id_arrays) != len(outs):
-                raise LengthMismatchError(
-                    f"key {k!r}: {len(outs)} outs but {len(id_arrays)} row_ids"
-                )
-            result.append([_row_indices(k, rows, shape[0]) for rows in id_arrays])
-        return result
-
-    # -- updaters and optimizers -------------------------------------------
-    def set_updater(self, updater: Callable[[Key, Any, Any], Any]) -> None:
-        """Use ``updater(key, merged, stored)`` for every push; it changes
-        ``stored`` in place. Called once per key per push, after aggregation,
-        with the key as the user gave it. If it raises, the exception reaches
-        the caller and no key of that push changes.
+    # -- reading without a pull ------------------------------------------------------
+    def peek(self, key: Key) -> Any:
+        """A copy of ``key``'s value as the store holds it now, read without a pull:
+        no event, nothing counted, no waiting for a ``dist_sync`` round, and safe
+        to call from another thread (a monitor's refresh). On a cluster store it
+        may be a round behind what a pull after a push returns.
 
         >>> import labkv, numpy as np
         >>> kv = labkv.create()
-        >>> kv.init(3, np.ones(2))
-        >>> def update(key, merged, stored):
-        ...     stored += merged * 2
-        >>> kv.set_updater(update)
-        >>> kv.push(3, np.ones(2))
-        >>> kv.pull(3)
-        array([3., 3.])
+        >>> kv.init(0, np.ones(2))
+        >>> kv.peek(0)
+        array([1., 1.])
         """
-        if not callable(updater):
-            raise TypeError(f"updater must be callable, got {type(updater).__name__}")
-        self._set_updater_impl(updater)
-        self._updater, self._optimizer = updater, None
+        raise NotImplementedError
 
-    _set_updater = set_updater
-
-    def set_optimizer(self, optimizer: Optimizer | str, **params: Any) -> None:
-        """Run ``optimizer`` on the store: pushes are gradients, the stored
-        values are the weights. ``optimizer`` is a :mod:`labkv.optimizers`
-        object or its name (then ``params`` are its hyper-parameters).
+    def placement(self) -> dict[Key, list[dict[str, Any]]]:
+        """Where every key lives: per key, a list of its pieces, each ``{'server':
+        s or None, 'device': str, 'start': a, 'stop': b}`` (flat element offsets).
+        A store in this process holds every key in one piece (``server`` None); a
+        cluster store cuts big values into contiguous slices on several servers.
 
         >>> import labkv, numpy as np
         >>> kv = labkv.create()
-        >>> kv.init(0, np.zeros(2, dtype=np.float32))
-        >>> kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5))
-        >>> kv.push(0, [np.ones(2, dtype=np.float32)] * 2)
-        >>> kv.pull(0)
-        array([-1., -1.], dtype=float32)
+        >>> kv.init(0, np.zeros(4))
+        >>> kv.placement()
+        {0: [{'server': None, 'device': 'cpu(0)', 'start': 0, 'stop': 4}]}
         """
-        if isinstance(optimizer, str):
-            optimizer = create_optimizer(optimizer, **params)
-        elif params:
-            raise TypeError("params are only taken with an optimizer name")
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"expected a labkv optimizer, got {type(optimizer).__name__}")
-        self._set_optimizer_impl(optimizer)
-        self._optimizer, self._updater = optimizer, None
-
-    def save_optimizer_states(self, fname: str | os.PathLike, dump_optimizer: bool = False) -> None:
-        """Save the optimizer's per-key states (and with ``dump_optimizer``
-        its settings) to ``fname`` as npz + JSON; loading never runs code.
-
-        >>> import labkv, numpy as np, tempfile, os
-        >>> kv = labkv.create()
-        >>> kv.init(0, np.zeros(2, dtype=np.float32))
-        >>> kv.set_optimizer("sgd", learning_rate=0.1, momentum=0.9)
-        >>> kv.push(0, np.ones(2, dtype=np.float32))
-        >>> path = os.path.join(tempfile.mkdtemp(), "states")
-        >>> kv.save_optimizer_states(path)
-        >>> kv.load_optimizer_states(path)
-        """
-        if self._optimizer is None:
-            raise RuntimeError("no optimizer is set: call set_optimizer first")
-        num_update, counts, states = self._optimizer_states()
-        meta: dict[str, Any] = {
-            "keys": [],
-            "optimizer": self._optimizer.to_config() if dump_optimizer else None,
-            "num_update": num_update,
-        }
-        arrays = {}
-        for i, (k, state) in enumerate(states.items()):
-            meta["keys"].append(
-                {
-                    "key": _statefile.encode_key(k),
-                    "count": counts.get(k, 0),
-                    "n": len(state),
-                }
-            )
-            for j, array in enumerate(state):
-                arrays[f"s{i}_{j}"] = array
-        for k, count in counts.items():
-            if k not in states:
-                meta["keys"].append({"key": _statefile.encode_key(k), "count": count, "n": None})
-        _statefile.save(fname, meta, arrays)
-
-    def load_optimizer_states(self, fname: str | os.PathLike) -> None:
-        """Load states saved by :meth:`save_optimizer_states`. If the file
-        holds the optimizer's settings, that optimizer is set first.
-        The file is checked whole before anything changes."""
-        meta, arrays = _statefile.load(fname)
-        optimizer = (
-            Optimizer.from_config(meta["optimizer"]) if meta.get("optimizer") else self._optimizer
-        )
-        if optimizer is None:
-            raise RuntimeError("no optimizer is set and the file holds none: set_optimizer first")
-        counts: dict[Key, int] = {}
-        states: dict[Key, tuple] = {}
-        for i, entry in enumerate(meta["keys"]):
-            k = _statefile.decode_key(entry["key"])
-            if k not in self._meta:
-                raise KeyError(f"the state file has key {k!r}, which this store does not have")
-            counts[k] = int(entry["count"])
-            if entry["n"] is not None:
-                state = tuple(arrays[f"s{i}_{j}"] for j in range(entry["n"]))
-                shape = self._meta[k][0]
-                for array in state:
-                    if array.shape != shape:
-                        raise ValueError(
-                            f"state for key {k!r} has shape {array.shape}, the value has {shape}"
-                        )
-                states[k] = state
-        if optimizer is not self._optimizer:
-            self.set_optimizer(optimizer)
-        self._load_optimizer_states(int(meta["num_update"]), counts, states)
-
-    def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
-        """Compress pushed gradients: ``{'type': '2bit', 'threshold': 0.5}``
-        (or ``'1bit'``; ``'none'`` turns it off). Each device keeps a residual
-        per key; only float32 values can be compressed.
-
-        >>> import labkv, numpy as np
-        >>> kv = labkv.create("device")
-        >>> kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
-        >>> kv.init(0, np.zeros(3, dtype=np.float32))
-        >>> kv.push(0, np.array([0.7, -0.2, -0.6], dtype=np.float32))
-        >>> kv.pull(0)
-        array([ 0.5,  0. , -0.5], dtype=float32)
-        """
-        compression = GradientCompression.from_params(compression_params)
-        self._compression = compression if compression.type != "none" else None
+        raise NotImplementedError
 
     # -- what backends implement -------------------------------------------
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
@@ -588,34 +344,8 @@ class KVStore:
     def _new_out(self, key: Key) -> Any:
         raise NotImplementedError
 
-    def _set_updater_impl(self, updater: Callable) -> None:
-        raise NotImplementedError
-
-    def _set_optimizer_impl(self, optimizer: Optimizer) -> None:
-        raise NotImplementedError
-
-    def _optimizer_states(self) -> tuple[int, dict, dict]:
-        """``(num_update, per-key update counts, per-key states)``: the global
-        count stays apart, so any key name (even ``'__num_update__'``) is safe."""
-        raise NotImplementedError
-
-    def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
-        raise NotImplementedError
-
     def _barrier_impl(self) -> None:
         raise NotImplementedError
-
-    def _residuals_committed(self, replaced: dict) -> None:
-        """A push's compression residuals were committed, replacing ``replaced``
-        (a backend whose push can still fail later keeps them to restore)."""
-        return None
-
-    #: events a backend held back during a push (a list it fills; never filled here)
-    _deferred_events: Sequence[Any] = ()
-
-    def _flush_events(self) -> None:
-        """Report the events in :attr:`_deferred_events` (after the push's own)."""
-        return None
 
 
 __all__ = ["KVStore", "LengthMismatchError", "normalize_key"]

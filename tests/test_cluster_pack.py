@@ -160,7 +160,7 @@ def test_throttled_server_receipts_keep_exact_counts_and_count_slices_once(handl
 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            counted = sum(e.count for e in receipts() if e.extra.get("first_piece", True))
+            counted = sum(e.count for e in receipts() if e.first_piece)
             if counted >= 40:
                 break
             time.sleep(0.05)
@@ -169,9 +169,9 @@ def test_throttled_server_receipts_keep_exact_counts_and_count_slices_once(handl
         sub.unsubscribe()
     finally:
         kv.close()
-    first = [e for e in got if e.extra.get("first_piece", True)]
+    first = [e for e in got if e.first_piece]
     assert sum(e.count for e in first) == 40  # 2 ranks x 20 pushes, each counted once
     assert sum(e.count for e in got) == 80  # both slices' servers saw every push
-    assert any(e.extra.get("tally") for e in got)  # most were only counted
-    detailed = [e for e in got if not e.extra.get("tally")]
+    assert any(e.tally for e in got)  # most were only counted
+    detailed = [e for e in got if not e.tally]
     assert len(detailed) == 4 and all(e.summary is not None for e in detailed)

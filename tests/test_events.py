@@ -136,7 +136,7 @@ def test_throttled_counts_stay_exact_under_a_busy_loop_and_concurrent_flushes():
     assert sum(e.nbytes for e in pushed) == 16 * sum(len(v) for v in pushes)
     assert sum(e.count for e in pulled) == len(pushes)
     assert sum(e.nbytes for e in pulled) == 16 * len(pushes)
-    assert len([e for e in pushed if not e.extra.get("tally")]) == 2  # the detail budget
+    assert len([e for e in pushed if not e.tally]) == 2  # the detail budget
 
 
 def test_a_slow_busy_key_still_gets_a_detailed_event_every_window():
@@ -146,11 +146,8 @@ def test_a_slow_busy_key_still_gets_a_detailed_event_every_window():
     bus.subscribe(lambda e: None, detail_interval=0.2, detail_burst=1)
     detailed, deadline = 0, time.monotonic() + 1.0
     while time.monotonic() < deadline:
-        if bus.admit("push", "k", 8):
+        if bus.count("push", "k", 8):  # a store's call of one array: credits are spent inline
             detailed += 1
-        credits = bus.quick["push"].get("k")
-        while credits is not None and next(credits, False):  # the store's inline count
-            time.sleep(0.001)
         time.sleep(0.001)
     assert 3 <= detailed <= 6, detailed
 
@@ -169,3 +166,49 @@ def test_a_plain_subscriber_added_to_a_busy_throttled_key_sees_the_next_call():
     # that event carries the 49 calls only counted before it: nothing lost, nothing twice
     assert plain[0].count == 50 and plain[0].nbytes == 50 * 16
     assert sum(e.count for e in throttled if e.op == "push") == 51
+
+
+def test_count_is_exact_for_calls_of_one_and_of_many_arrays():
+    # Calls of one array spend credits inline, calls of several go through admit():
+    # both must end up in the counts, with their bytes, and nothing twice.
+    bus = EventBus("s")
+    got: list[Event] = []
+    bus.subscribe(got.append, detail_interval=60, detail_burst=2)
+    calls = [1, 3, 1, 1, 2] * 400
+    for n in calls:
+        if admitted := bus.count("push", "w", 8, n=n):
+            bus.emit("push", "w", nbytes=admitted[1], count=admitted[0])
+    bus.flush()
+    assert sum(e.count for e in got) == len(calls)
+    assert sum(e.nbytes for e in got) == 8 * sum(calls)
+    assert [e.tally for e in got] == [False, False, True]  # two in detail, then counted
+    assert bus.flush() == 0  # nothing owed twice
+
+
+def test_tally_and_first_piece_are_fields_that_travel_between_processes():
+    event = Event(0, 1.0, "dist_sync", "push", "w", server=1, count=5, tally=True)
+    event.first_piece = False
+    back = Event.from_dict(event.to_dict())
+    assert (back.tally, back.first_piece, back.extra) == (True, False, {})
+    assert (Event(0, 1.0, "s", "pull", "w").tally, Event(0, 1.0, "s", "pull", "w").first_piece) == (
+        False,
+        True,
+    )
+
+
+def test_a_tally_event_summarises_the_stored_value_and_a_store_that_cannot_read_gives_none():
+    kv = labkv.create()
+    kv.init("w", np.zeros(2))
+    got: list[Event] = []
+    kv.events.subscribe(got.append, detail_interval=60, detail_burst=1)
+    for _ in range(3):
+        kv.push("w", np.full(2, 3.0))
+    kv.events.flush()
+    tally = [e for e in got if e.tally]
+    assert [e.count for e in tally] == [2] and tally[0].summary["mean"] == 3.0
+    bus = EventBus("s", read=lambda key: None)
+    seen: list[Event] = []
+    bus.subscribe(seen.append, detail_interval=60)
+    bus.count("pull", "w", 8), bus.count("pull", "w", 8)
+    bus.flush()
+    assert [(e.count, e.summary) for e in seen if e.tally] == [(1, None)]

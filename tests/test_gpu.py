@@ -276,7 +276,7 @@ def test_events_of_a_key_pushed_from_two_gpus_are_summarized(backend):
     assert push.summary["mean"] == 2.0 and push.extra["per_device"][0]["norm"] == 2.0
     step = next(e for e in seen if e.op == "optimizer")
     assert (step.before["mean"], step.after["mean"]) == (0.0, -2.0)
-    tally = [e for e in seen if e.extra.get("tally")]
+    tally = [e for e in seen if e.tally]
     assert tally and all(e.summary["mean"] == -6.0 for e in tally)
 
 

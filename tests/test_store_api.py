@@ -183,3 +183,43 @@ def test_public_api_is_sorted_and_complete():
         assert hasattr(labkv, name), name
     for name in ("create", "cpu", "gpu", "devices", "ones", "zeros", "full", "array", "KVStore"):
         assert name in labkv.__all__
+
+
+@pytest.mark.parametrize("kind", ["local", "device"])
+def test_peek_and_placement_are_methods_of_every_store_with_the_base_signature(kind):
+    import inspect
+
+    from labkv.cluster._store import DistStore
+    from labkv.store import KVStore
+
+    for method in ("peek", "placement"):
+        base = inspect.signature(getattr(KVStore, method)).parameters
+        for store in (type(labkv.create(kind)), DistStore):
+            assert inspect.signature(getattr(store, method)).parameters.keys() == base.keys()
+    kv = labkv.create(kind)
+    kv.init("w", np.arange(3.0))
+    seen = []
+    with kv.events.subscribe(seen.append):
+        copy = kv.peek("w")
+        copy[0] = 9.0  # a copy: the store keeps its value
+        assert kv.placement() == {
+            "w": [{"server": None, "device": "cpu(0)", "start": 0, "stop": 3}]
+        }
+    assert seen == [] and kv.pull("w")[0] == 0.0  # no event: not a pull
+    with pytest.raises(KeyError, match="not initialised"):
+        kv.peek("x")
+
+
+def test_already_initialised_is_one_rule_for_the_store_and_its_shard():
+    from labkv.shard import Shard
+
+    kv, shard = labkv.create(), Shard()
+    kv.init(1, np.zeros(2))
+    shard.init(1, np.zeros(2))
+    errors = []
+    for init in (lambda: kv.init([2, 1], [np.zeros(2)] * 2), lambda: shard.init(1, np.zeros(2))):
+        with pytest.raises(ValueError) as info:
+            init()
+        errors.append(str(info.value))
+    assert errors == ["key 1 is already initialised"] * 2
+    assert kv.keys() == [1]  # the failed call changed nothing

@@ -146,3 +146,21 @@ def test_a_completed_sync_round_is_a_span_an_open_one_an_instant():
     assert shown == [("i", 0.0), ("B", 0.0), ("E", 2e6)]
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
     assert names == {"rounds"}
+
+
+def test_a_push_of_another_slice_does_not_count_as_a_new_push_of_the_key():
+    # Server 0 holds slice 0 of "w" (first_piece) and server 1 slice 1: a rank's two
+    # pushes reach both, and each server's receipt says which push of the key it is.
+    events = []
+    for i in range(2):
+        for server in (0, 1):
+            e = Event(len(events), 10.0 + i + server / 10, "s", "push", "w", server=server)
+            e.first_piece = server == 0
+            events.append(e)
+    spans = [e for e in to_trace(events)["traceEvents"] if e["ph"] == "B"]
+    assert [(e["pid"] - 1000, e["args"]["round"]) for e in spans] == [
+        (0, 1),
+        (1, 0),
+        (0, 2),
+        (1, 0),
+    ]

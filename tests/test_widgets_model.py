@@ -311,8 +311,7 @@ def test_counted_calls_and_finished_rounds_mark_the_value_for_a_new_read():
     model.on_event(Event(0, 1.0, "dist_sync", "init", "w", shape=(4,), dtype="float32"))
     model.flush()
     model.take_changed()
-    tally = {"tally": True}
-    model.on_event(Event(0, 2.0, "dist_sync", "update", "w", server=0, count=3, extra=tally))
+    model.on_event(Event(0, 2.0, "dist_sync", "update", "w", server=0, count=3, tally=True))
     model.flush()
     assert model.take_changed() == {"w"}  # only counted, but the value changed
     done = {"round": 4, "pushed": [0, 1], "missing": [], "num_workers": 2, "complete": True}

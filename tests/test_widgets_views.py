@@ -12,11 +12,17 @@ import labkv
 from labkv.events import Event
 from labkv.widgets import monitor
 from labkv.widgets._throttle import Ticker
+from labkv.widgets._views import TAB_TITLES
 from tests._waiting import wait_until
 from tests.test_widgets_model import HOSTILE, SHAPE, _round, run_tutorial
 
 W = pytest.importorskip("ipywidgets")
 pytest.importorskip("jupyter_bokeh")
+
+
+def show(d, title: str) -> None:
+    """Show a tab of the dashboard, as a click on it does (the monitor draws it then)."""
+    d.tabs.selected_index = TAB_TITLES.index(title)
 
 
 @pytest.fixture
@@ -33,9 +39,10 @@ def test_dashboard_shows_the_tutorial(watched):
     assert isinstance(root, W.VBox) and "labkv-monitor" in root._dom_classes
     run_tutorial(kv)
     mon.refresh()
-    d = mon._dashboard
+    d = mon.dashboard
     assert "32 events" in d.header.value and "update 7" in d.header.value
     assert "<td>3</td><td>2x3</td><td>3</td><td>6</td><td>1</td>" in d.keys.value
+    show(d, "value & updates")
     assert d.trace.value.count("stored += input * 2") == 7
     assert d.value_caption.value.startswith("<span>key 3: 2x3 float32")
     assert "min 6 max 6 mean 6" in d.value_caption.value
@@ -53,7 +60,8 @@ def test_filters_rerender_the_log(watched):
     kv.push(["a", "b"], [np.ones(2), np.ones(2)])
     kv.pull("b")
     mon.refresh()
-    d = mon._dashboard
+    d = mon.dashboard
+    show(d, "events")
     d.key_filter.value = "b"
     d.op_filter.value = "pull"
     mon.refresh()
@@ -70,8 +78,8 @@ def test_value_view_follows_the_chosen_key_and_downsamples(watched):
     _ = mon.widget
     kv.init(["vec", "big"], [np.arange(10.0), np.ones((1000, 500))])
     mon.select("vec")
-    mon.refresh()
-    d = mon._dashboard
+    d = mon.dashboard
+    show(d, "value & updates")
     assert d.plots.line.visible and not d.plots.image.visible
     np.testing.assert_array_equal(d.plots.line_source.data["y"], np.arange(10.0))
     d.value_key.value = "big"
@@ -86,7 +94,7 @@ def test_value_view_follows_the_chosen_key_and_downsamples(watched):
 def test_updates_arrive_live_from_a_background_thread_at_bounded_rate(watched):
     kv, mon = watched
     _ = mon.widget
-    d = mon._dashboard
+    d = mon.dashboard
     kv.init("k", np.zeros(3))
     header_writes = []
     d.header.observe(lambda change: header_writes.append(change["new"]), names="value")
@@ -136,7 +144,8 @@ def test_bad_refresh_options_are_refused_before_watching(options):
 def test_dist_views_from_cluster_events_on_another_thread(watched):
     kv, mon = watched
     _ = mon.widget
-    d = mon._dashboard
+    d = mon.dashboard
+    show(d, "servers & rounds")
     assert d.plots.load_widget.layout.display == "none"  # no servers yet: no empty plot
     events = [_round("w", 0, 1, [0, 2], 3, t=time.time())]
     events += [
@@ -189,9 +198,12 @@ def test_hostile_key_is_text_in_every_widget(watched):
     kv.init(HOSTILE, np.zeros(3))
     kv.push(HOSTILE, np.ones(3))
     mon.refresh()
-    d = mon._dashboard
-    for html in (d.keys.value, d.log.value, d.value_caption.value, d.header.value):
-        assert "<img" not in html
+    d = mon.dashboard
+    html = [d.keys.value, d.header.value]
+    for title, widget in (("events", d.log), ("value & updates", d.value_caption)):
+        show(d, title)
+        html.append(widget.value)
+    assert all("<img" not in h for h in html) and "labkv-log" in html[2]
     assert "&lt;img src=x onerror=alert(1)&gt;" in d.keys.value
     assert (HOSTILE, HOSTILE) in d.key_filter.options  # Dropdown labels render as text
 
@@ -207,7 +219,7 @@ def test_display_again_close_and_reattach():
     mon.close()
     # The dashboard stays on the page with its last picture, marked closed.
     assert root.comm is not None and not mon._ticker.running and not kv.events.active
-    d = mon._dashboard
+    d = mon.dashboard
     assert "(closed)" in d.header.value and "push 30" in d.header.value
     assert "<td>w</td><td>2</td><td>30</td>" in d.keys.value
     kv.push("w", np.ones(2))
@@ -217,10 +229,10 @@ def test_display_again_close_and_reattach():
     mon.attach(kv2)  # watching again: the same dashboard, live
     assert mon.widget is root and mon._ticker.running
     kv2.init("z", np.zeros(2))
-    assert wait_until(lambda: "<td>z</td>" in mon._dashboard.keys.value, timeout=5.0)
-    assert "(closed)" not in mon._dashboard.header.value
+    assert wait_until(lambda: "<td>z</td>" in mon.dashboard.keys.value, timeout=5.0)
+    assert "(closed)" not in mon.dashboard.header.value
     mon.attach(labkv.create("local"))  # moving on clears the tables
-    assert wait_until(lambda: "no keys yet" in mon._dashboard.keys.value, timeout=5.0)
+    assert wait_until(lambda: "no keys yet" in mon.dashboard.keys.value, timeout=5.0)
     mon.close()
 
 
@@ -243,13 +255,12 @@ def test_bokehjs_is_loaded_before_the_widget_is_shown(monkeypatch):
 
 
 def test_compact_layout_constant_value_and_caption(watched):
-    from labkv.widgets._views import TAB_TITLES
-
     kv, mon = watched
     root = mon.widget
-    d = mon._dashboard
+    d = mon.dashboard
     assert root.children[1] is d.header and d.tabs in root.children
     assert d.tabs.titles == TAB_TITLES
+    show(d, "value & updates")
     kv.init("c", np.full((2, 3), 10.0))
     assert wait_until(lambda: "min 10 max 10 mean 10" in d.value_caption.value, timeout=5.0)
     # a constant shows as the palette's middle colour, with its value on the colour bar
@@ -264,7 +275,7 @@ def test_compact_layout_constant_value_and_caption(watched):
 def test_timeline_shows_a_straggler_and_the_waits_for_it(watched):
     kv, mon = watched
     _ = mon.widget
-    d = mon._dashboard
+    d = mon.dashboard
     t = time.time()
     events = [  # rank 0 pushes and pulls 4 times; rank 1 once; rank 0's pulls wait for it
         Event(i, t + 0.1 * i, "dist_ssp", op, "w", rank=0, extra={"start": t + 0.1 * i - 0.01})
@@ -275,7 +286,7 @@ def test_timeline_shows_a_straggler_and_the_waits_for_it(watched):
         Event(10, t + 0.8, "dist_ssp", "clock", "w", rank=0, server=0, extra={"waited_s": 0.5})
     )
     kv.events.deliver_many(events)
-    mon.refresh()
+    show(d, "timeline")
     plots = d.plots
     bars = plots.timeline_source.data
     assert plots.timeline_fig.y_range.factors == [
@@ -296,3 +307,33 @@ def test_timeline_shows_a_straggler_and_the_waits_for_it(watched):
     d.value_key.value = "w"  # the timeline follows the chosen key
     mon.refresh()
     assert "timeline of key w" in plots.timeline_fig.title.text
+
+
+def test_only_the_shown_tab_is_redrawn_and_a_closed_monitor_draws_every_tab(monkeypatch):
+    kv = labkv.create("local")
+    mon = monitor(kv, hz=20)
+    _ = mon.widget
+    d = mon.dashboard
+    peeks = []
+    peek = kv.peek
+    monkeypatch.setattr(kv, "peek", lambda key: (peeks.append(key), peek(key))[1])
+    kv.init("w", np.zeros(3))
+    kv.push("w", np.ones(3))
+    mon.refresh()
+    assert "<td>w</td>" in d.keys.value and "push 1" in d.header.value
+    # hidden: the log and the value were neither drawn nor read
+    assert d.log.value == "" and d.value_caption.value == "" and peeks == []
+    show(d, "events")  # shown: drawn at once
+    assert "<td>push</td><td>w</td>" in d.log.value
+    kv.pull("w")
+    mon.refresh()
+    assert "<td>pull</td><td>w</td>" in d.log.value
+    show(d, "keys")
+    kv.push("w", np.full(3, 2.0))
+    mon.refresh()
+    assert "<td>w</td><td>3</td><td>2</td><td>1</td>" in d.keys.value
+    assert d.log.value.count("<td>push</td>") == 1  # hidden again: not redrawn
+    mon.close()  # the last picture: every tab
+    assert d.log.value.count("<td>push</td>") == 2
+    assert "key w: 3 float64" in d.value_caption.value and peeks == ["w"]
+    assert d.trace.value and "(closed)" in d.header.value

@@ -37,7 +37,7 @@ from ..compression import from_wire
 from ..devices import copy_into, empty, to_device
 from ..events import EventBus
 from ..reduce import sum_into
-from ..shard import Shard
+from ..shard import Shard, check_new_keys
 from ._control import ServerControl
 from ._device import (
     device_label,
@@ -165,9 +165,7 @@ class Server(Updates, ServerEvents, ServerControl):
     async def init(self, items: list[InitItem]) -> None:
         """Store new keys, one :class:`~._wire.InitItem` each."""
         items = [InitItem._make(item) for item in items]
-        for item in items:
-            if item.key in self.meta:
-                raise ValueError(f"key {item.key!r} is already initialised")
+        check_new_keys([item.key for item in items], self.meta)
         for item in items:
             key, piece, shape = item.key, item.piece, item.shape
             self.shard.init(key, to_device(np.asarray(piece, dtype=item.dtype), self.device))

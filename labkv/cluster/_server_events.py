@@ -29,14 +29,14 @@ class ServerEvents:
                 server=self.sid,
                 count=admitted[0],
                 nbytes=admitted[1],
-                extra={"first_piece": self.first_piece[key]},
+                first_piece=self.first_piece[key],
             )
 
     def _annotate(self, event: dict[str, Any]) -> None:
         """Counted pushes (``bus.flush()``) say whether they are slice 0's too, so
         that views count each push of a sliced key once."""
-        if event["op"] == "push" and event["extra"].get("tally"):
-            event["extra"]["first_piece"] = self.first_piece.get(event["key"], True)
+        if event["op"] == "push" and event["tally"]:
+            event["first_piece"] = self.first_piece.get(event["key"], True)
 
     def _emit_round(self, key: Key, r: Round, completed: int | None = None) -> None:
         pushed = sorted(r.pending)

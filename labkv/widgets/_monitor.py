@@ -29,7 +29,7 @@ from ..events import export_trace, summarize
 from ._model import MonitorModel
 from ._text import summary as text_summary
 from ._throttle import Ticker
-from ._values import downsample, read_quietly
+from ._values import downsample
 
 __all__ = ["Monitor"]
 
@@ -163,16 +163,20 @@ class Monitor:
 
     # -- refresh (the ticker's thread, or called directly) ------------------------
     def refresh(self) -> None:
-        """Fold pending events and bring the dashboard (if any) up to date."""
+        """Fold pending events and bring the dashboard (if any) up to date: its
+        header and the tab the page shows (every tab once the monitor is closed,
+        so that its last picture is whole)."""
         with self._refresh_lock:
             model = self.model
             self._catch_up()
             dashboard = self._dashboard
             if dashboard is None:
                 return
-            chosen = dashboard.value_key.value
-            self._read_value(chosen if chosen is not None else self._chosen)
-            dashboard.update(model, self._value, self._placement, self._title(), self.closed)
+            every_tab = self.closed
+            if every_tab or dashboard.shows_value:
+                self._read_chosen_value(dashboard)
+            title = self._title()
+            dashboard.update(model, self._value, self._placement, title, self.closed, every_tab)
 
     def _catch_up(self) -> None:
         """Fold everything the bus has (detailed and only counted calls) into the
@@ -191,16 +195,17 @@ class Monitor:
         model = self.model
         for key in model.take_server_changed(SERVER_READS):
             try:
-                value = read_quietly(self.kv, key, model.quiet)
+                value = self.kv.peek(key)
             except Exception:  # e.g. a server lost: the store's next call says so
                 continue
             model.set_value(key, summarize(value))
 
     def _read_placement(self) -> dict[Any, Any]:
-        try:
-            return dict(self.kv.placement())
-        except Exception:  # a store without placement (or one mid-shutdown) shows none
-            return {}
+        return dict(self.kv.placement())
+
+    def _read_chosen_value(self, dashboard: Any) -> None:
+        chosen = dashboard.value_key.value
+        self._read_value(chosen if chosen is not None else self._chosen)
 
     def _read_value(self, key: Any) -> None:
         value, model = self._value, self.model
@@ -211,7 +216,7 @@ class Monitor:
         if key is None or (key == value.key and key not in changed and value.picture is not None):
             return
         try:
-            array = read_quietly(self.kv, key, model.quiet)
+            array = self.kv.peek(key)  # not a pull: no event, safe from this thread
             picture = downsample(array)
             if key == value.key and _same(picture, value.picture):
                 return  # pushed again, but to the same value: nothing to redraw
@@ -231,9 +236,17 @@ class Monitor:
 
     @property
     def value(self) -> Any:
-        """``(key, downsampled array)`` last shown in the value view, or ``None``."""
-        v = self._value
-        return None if v is None or v.picture is None else (v.key, v.picture)
+        """``(key, downsampled array)`` of the value view (the key it shows, as the
+        store holds it now), or ``None`` before the dashboard is built. The view's
+        tab reads it at each refresh while shown; while hidden, this reads it."""
+        v, dashboard = self._value, self._dashboard
+        if v is None:
+            return None
+        if dashboard is not None and not dashboard.shows_value and not self.closed:
+            with self._refresh_lock:
+                self._catch_up()
+                self._read_chosen_value(dashboard)
+        return None if v.picture is None else (v.key, v.picture)
 
     def export_trace(
         self, path: str | os.PathLike, keys: Iterable[Any] | None = None, ranks: Any = None
@@ -258,8 +271,7 @@ class Monitor:
         return text_summary(self.model, self._placement, self._title(), events)
 
     def _title(self) -> str:
-        kind = getattr(self.kv, "type", None)
-        return str(kind if kind is not None else type(self.kv).__name__)
+        return str(self.kv.type)
 
     def __str__(self) -> str:
         return self.summary()
@@ -269,6 +281,20 @@ class Monitor:
         return f"<labkv Monitor {state} {self._title()}: {self.model.events_seen} events>"
 
     # -- front end ----------------------------------------------------------------
+    @property
+    def dashboard(self) -> Any:
+        """The dashboard's widgets once :attr:`widget` was built (else ``None``): a
+        :class:`~labkv.widgets._views.Dashboard` whose ``header``, ``keys``, ``log``,
+        ``trace``, ``fanin``, ``clocks``, ``servers`` and ``value_caption`` hold the
+        HTML the page shows, ``tabs`` the tab it shows, ``key_filter``, ``op_filter``
+        and ``value_key`` the choices. Only the shown tab is redrawn at each refresh.
+
+        >>> import labkv
+        >>> Monitor(labkv.create()).dashboard is None
+        True
+        """
+        return self._dashboard
+
     @property
     def widget(self) -> Any:
         """The dashboard's root ipywidget (built on first use; starts the refresh thread)."""
@@ -285,11 +311,14 @@ class Monitor:
         return self._dashboard.root
 
     def _tab_shown(self, _change: Any) -> None:
-        # A plot changed while its tab was hidden is stale in the page: draw it again
-        # (under the refresh lock: bokeh documents take changes from one thread at a time).
+        # A plot changed while its tab was hidden (the last picture of a closed monitor
+        # draws every tab) is stale in the page: draw it again (under the refresh lock:
+        # bokeh documents take changes from one thread at a time). Then draw the tab
+        # now shown, which refreshes skipped while it was hidden.
         with self._refresh_lock:
             if self._dashboard is not None:
                 self._dashboard.plots.redraw()
+        self.refresh()
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

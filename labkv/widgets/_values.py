@@ -1,4 +1,4 @@
-"""Reading a key's value for the value view, and shrinking it to something drawable.
+"""Shrinking a key's value to something drawable (the value view's picture).
 
 >>> import numpy as np
 >>> downsample(np.arange(10.0), max_points=5)
@@ -16,7 +16,7 @@ import numpy as np
 
 from ..devices import is_cupy
 
-__all__ = ["as_plane", "downsample", "read_quietly"]
+__all__ = ["as_plane", "downsample"]
 
 
 def _bin_means(a: np.ndarray, axis: int, bins: int) -> np.ndarray:
@@ -53,18 +53,3 @@ def downsample(value: Any, max_points: int = 1000, max_side: int = 96) -> np.nda
     if a.ndim == 1:
         return _bin_means(a, 0, max_points)
     return _bin_means(_bin_means(a, 0, max_side), 1, max_side)
-
-
-def read_quietly(kv: Any, key: Any, quiet: Any) -> Any:
-    """Read ``key`` from ``kv`` without counting it as a user's pull.
-
-    A store with ``peek(key)`` (a read that emits no event and is safe from the
-    monitor's thread: every labkv store has one) is read with it; otherwise
-    ``kv.pull(key)`` runs inside ``quiet`` (the model's context that ignores
-    this thread's events), so the monitor's per-key pull counts stay exact.
-    """
-    peek = getattr(kv, "peek", None)
-    if callable(peek):
-        return peek(key)
-    with quiet():
-        return kv.pull(key)

@@ -10,7 +10,6 @@ inside ``hold_sync`` so each changed widget costs one comm message per tick.
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from ._html import STYLE, esc, table_html
 from ._model import MonitorModel
+from ._plots import Plots
 from ._tables import (
     EventRows,
     clocks_table,
@@ -34,13 +34,10 @@ from ._tables import (
     trace_row,
     trace_table,
 )
-from ._timeline import COLUMNS as TIMELINE_COLUMNS
-from ._timeline import timeline_bars
 
 __all__ = ["TAB_TITLES", "Dashboard", "ValueState"]
 
 _OPS = ["init", "push", "pull", "update", "optimizer", "round"]
-_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
 class ValueState:
@@ -84,211 +81,12 @@ def _section(title: str, *children: W.Widget) -> W.VBox:
 
 #: the dashboard's tabs, in order
 TAB_TITLES = ("keys", "value & updates", "servers & rounds", "timeline", "events")
+KEYS_TAB, VALUE_TAB, SERVERS_TAB, TIMELINE_TAB, EVENTS_TAB = range(len(TAB_TITLES))
 PANE_HEIGHT = "360px"
-#: seconds of events the timeline shows, before the newest
-TIMELINE_S = 5.0
 
 
 def _pane(child: W.Widget) -> W.Box:
     return W.Box([child], layout=W.Layout(max_height=PANE_HEIGHT, overflow="auto"))
-
-
-@functools.cache
-def _bokeh_widget_class() -> type:
-    from jupyter_bokeh.widgets import BokehModel
-
-    class BokehWidget(BokehModel):
-        """``BokehModel`` whose ``close`` may run twice (ours, then ``__del__``'s);
-        jupyter_bokeh's raises ``KeyError`` the second time."""
-
-        _labkv_closed = False
-
-        def close(self) -> None:
-            if not self._labkv_closed:
-                self._labkv_closed = True
-                super().close()
-
-    return BokehWidget
-
-
-def _byte_unit(largest: float) -> tuple[str, int]:
-    """The binary unit that shows ``largest`` bytes as a number below 1024.
-
-    >>> _byte_unit(300_000), _byte_unit(10)
-    (('KiB', 1024), ('B', 1))
-    """
-    for power, unit in enumerate(("B", "KiB", "MiB", "GiB")):
-        if largest < 1024 ** (power + 1) or unit == "GiB":
-            return unit, 1024**power
-    return "B", 1  # unreachable
-
-
-def _color_range(picture: np.ndarray) -> tuple[float, float]:
-    """The colour mapper's range: the data's, widened around a constant value so
-    that it shows as the middle colour, with its number on the colour bar.
-
-    >>> _color_range(np.full((2, 3), 10.0)), _color_range(np.arange(3.0))
-    ((9.0, 11.0), (0.0, 2.0))
-    """
-    finite = picture[np.isfinite(picture)]
-    if not finite.size:
-        return 0.0, 1.0
-    low, high = float(finite.min()), float(finite.max())
-    if low == high:
-        pad = abs(low) * 0.1 or 1.0
-        return low - pad, high + pad
-    return low, high
-
-
-class _Plots:
-    """The bokeh figures (value heatmap/line, server bytes over time), or a note
-    when bokeh or jupyter_bokeh is not installed."""
-
-    def __init__(self) -> None:
-        self._load_seen: list | None = None
-        try:
-            from bokeh.models import ColorBar, ColumnDataSource, FactorRange, LinearColorMapper
-            from bokeh.palettes import Viridis256
-            from bokeh.plotting import figure
-
-            BokehModel = _bokeh_widget_class()
-        except ImportError:
-            note = "install bokeh and jupyter_bokeh (pip install 'labkv[lab]') for plots"
-            self.value_widget = self.load_widget = W.HTML(f"<i>{esc(note)}</i>")
-            self.timeline_widget = self.value_widget
-            self.available = False
-            return
-        self.available = True
-        self.image_source = ColumnDataSource(
-            data={"image": [np.zeros((1, 1))], "dw": [1], "dh": [1]}
-        )
-        self.line_source = ColumnDataSource(data={"x": [], "y": []})
-        fig = figure(height=200, width=400, tools="reset,save", toolbar_location="right")
-        fig.x_range.only_visible = fig.y_range.only_visible = True
-        self.mapper = LinearColorMapper(palette=Viridis256, low=0, high=1)
-        self.image = fig.image(
-            "image", x=0, y=0, dw="dw", dh="dh", source=self.image_source, color_mapper=self.mapper
-        )
-        self.color_bar = ColorBar(color_mapper=self.mapper, width=10, title="value")
-        fig.add_layout(self.color_bar, "right")
-        self.line = fig.line("x", "y", source=self.line_source, line_width=2)
-        self.line.visible = False
-        self.value_fig = fig
-        self.load_source = ColumnDataSource(data={"xs": [], "ys": [], "color": [], "label": []})
-        load = figure(
-            height=190,
-            width=460,
-            tools="reset,save",
-            toolbar_location="right",
-            x_axis_label="time (s)",
-            y_axis_label="bytes",
-            title="bytes in and out, cumulative",
-        )
-        load.multi_line("xs", "ys", color="color", legend_field="label", source=self.load_source)
-        load.add_layout(load.legend[0], "right")  # beside the lines, never over them
-        self.load_fig = load
-        self._timeline_seen: tuple | None = None
-        self.timeline_source = ColumnDataSource(data={c: [] for c in TIMELINE_COLUMNS})
-        timeline = figure(
-            height=260,
-            width=720,
-            y_range=FactorRange(factors=[]),
-            tools="xpan,xwheel_zoom,reset,save,hover",
-            toolbar_location="right",
-            x_axis_label="seconds before the newest event",
-            title="timeline: no events yet",
-            tooltips=[("op", "@op"), ("key", "@key"), ("bytes", "@bytes"), ("round", "@round")]
-            + [("waited", "@waited_ms ms")],
-        )
-        timeline.hbar(
-            y="track",
-            left="left",
-            right="right",
-            height=0.7,
-            color="color",
-            source=self.timeline_source,
-        )
-        self.timeline_fig = timeline
-        self.value_widget = BokehModel(fig)
-        self.load_widget = BokehModel(load)
-        self.timeline_widget = BokehModel(timeline)
-        self.load_widget.layout.display = "none"  # until a server reports: no empty box
-
-    def show_value(self, picture: np.ndarray, title: str) -> None:
-        if not self.available:
-            return
-        if picture.ndim == 1:
-            self.value_fig.title.text = f"{title}: value by position"
-            self.line_source.data = {"x": np.arange(picture.size), "y": picture}
-            self.image.visible, self.line.visible = False, True
-            self.color_bar.visible = False
-        else:
-            # the title, not axis labels: BokehJS redraws a changed title, not a label
-            self.value_fig.title.text = f"{title}: rows x columns, colour = value"
-            rows, cols = picture.shape
-            self.mapper.low, self.mapper.high = _color_range(picture)
-            self.image_source.data = {"image": [picture], "dw": [cols], "dh": [rows]}
-            self.image.visible, self.line.visible = True, False
-            self.color_bar.visible = True
-
-    def redraw(self) -> None:
-        """Send the plots again. BokehJS lays out and paints a plot only while it is
-        visible: one that changed in a hidden tab shows stale parts (old data, no
-        colour bar) until it is drawn again, e.g. when its tab is shown."""
-        if not self.available:
-            return
-        sources = (self.image_source, self.line_source, self.load_source, self.timeline_source)
-        for source in sources:
-            source.data = dict(source.data)
-        shown = self.color_bar.visible
-        self.color_bar.visible = not shown  # a layout change: the bar is laid out anew
-        self.color_bar.visible = shown
-
-    def show_timeline(self, model: MonitorModel, key: Any = None) -> None:
-        """The last ``TIMELINE_S`` seconds of spans (of ``key``, or of every key)."""
-        if not self.available:
-            return
-        tracks, bars = timeline_bars(model, key, TIMELINE_S)
-        seen = (key, tracks, len(bars["op"]), bars["right"][-1:], bars["left"][:1])
-        if seen == self._timeline_seen:
-            return
-        self._timeline_seen = seen
-        what = "every key" if key is None else f"key {fmt_key(key)}"
-        waits = sum(1 for op in bars["op"] if op in ("clock", "round"))
-        self.timeline_fig.title.text = (
-            f"timeline of {what}, last {TIMELINE_S:g} s: {len(bars['op'])} spans, "
-            f"{waits} waits (red)"
-        )
-        self.timeline_fig.y_range.factors = list(reversed(tracks))
-        self.timeline_source.data = bars
-
-    def show_load(self, model: MonitorModel) -> None:
-        if not self.available:
-            return
-        with model.lock:
-            series = [(s.server, list(s.history)) for s in model.servers.values()]
-        # Setting the data sends a document patch even when nothing changed (a local
-        # store has no servers at all): only send new points.
-        seen = [(server, len(h), h[-1] if h else None) for server, h in series]
-        if seen == self._load_seen:
-            return
-        self._load_seen = seen
-        if not any(h for _, h in series):
-            return
-        self.load_widget.layout.display = None
-        t0 = min(h[0][0] for _, h in series if h)
-        largest = max(max(b_in, b_out) for _, h in series for _, b_in, b_out in h)
-        unit, scale = _byte_unit(largest)
-        self.load_fig.title.text = f"bytes in and out, cumulative ({unit})"
-        data: dict[str, list] = {"xs": [], "ys": [], "color": [], "label": []}
-        for i, (server, history) in enumerate(sorted(series, key=lambda x: str(x[0]))):
-            xs = [t - t0 for t, _, _ in history]
-            for j, (direction, column) in enumerate((("in", 1), ("out", 2))):
-                data["xs"].append(xs)
-                data["ys"].append([h[column] / scale for h in history])
-                data["color"].append(_PALETTE[(2 * i + j) % len(_PALETTE)])
-                data["label"].append(f"server {server} {direction}")
-        self.load_source.data = data
 
 
 class Dashboard:
@@ -314,13 +112,14 @@ class Dashboard:
         self.fanin = _html("labkv-fanin-view")
         self.clocks = _html("labkv-clocks-view")
         self.servers = _html("labkv-servers-view")
-        self.plots = _Plots()
+        self.plots = Plots()
         for w in (self.key_filter, self.op_filter):
             w.observe(self._filters_changed, names="value")
         self._filters_dirty = True
         self._known_keys: list[Any] = []
-        self._version = -1
-        self._closed = False
+        #: (model version, closed) of the header's last drawing, and of each tab's
+        self._state: tuple[int, bool] = (-1, False)
+        self._drawn_at: dict[int, tuple[int, bool]] = {}
         self._value_version = -1
         self._timeline_key: Any = None
         # While a store is busy every tick redraws its tables, mostly with last tick's
@@ -378,6 +177,18 @@ class Dashboard:
     def _filters_changed(self, _change: Any) -> None:
         self._filters_dirty = True  # the next tick re-renders the log
 
+    @property
+    def tab(self) -> int:
+        """The index of the tab the page shows (in :data:`TAB_TITLES`)."""
+        index = self.tabs.selected_index
+        return 0 if index is None else index
+
+    @property
+    def shows_value(self) -> bool:
+        """Whether the page shows the value view's tab (the monitor reads the value
+        for it only then)."""
+        return self.tab == VALUE_TAB
+
     def update(
         self,
         model: MonitorModel,
@@ -385,73 +196,86 @@ class Dashboard:
         placement: dict[Any, Any],
         title: str,
         closed: bool = False,
+        every_tab: bool = False,
     ) -> None:
-        """Re-render what changed since the last call."""
-        changed = model.version != self._version or closed != self._closed
-        self._version, self._closed = model.version, closed
-        if changed:
-            with model.lock:
-                counts = " · ".join(f"{esc(op)} {n}" for op, n in sorted(model.counts.items()))
-                keys = list(model.keys)
-                total, dropped = model.events_seen, model.dropped_keys
-            state = " (closed)" if closed else ""
-            extra = f" · {dropped} events of untracked keys" if dropped else ""
-            summary = f"{_count(total, 'event')} · {_count(len(keys), 'key')} · {counts}{extra}"
-            _set(
-                self.header,
-                value=f"<b>labkv monitor</b> {esc(title)}{state}: {summary}",
-            )
-            _set(
-                self.keys,
-                value=table_html(
-                    *keys_table(model, placement), "labkv-keys", "no keys yet", self._drawn["keys"]
-                ),
-            )
+        """Re-render what changed since the last call: the header and the tab the
+        page shows (``every_tab``: all of them, e.g. for the last picture of a
+        closed monitor). A hidden tab is drawn when it is shown: while a store is
+        busy, drawing tables and plots nobody sees was most of a refresh's cost."""
+        state = (model.version, closed)
+        if state != self._state:
+            self._state = state
+            self._draw_header(model, title, closed)
+        for tab in range(len(TAB_TITLES)) if every_tab else (self.tab,):
+            stale = self._drawn_at.get(tab) != state
+            self._drawn_at[tab] = state
+            if tab == KEYS_TAB and stale:
+                self._draw_keys(model, placement)
+            elif tab == VALUE_TAB:
+                self._draw_value_tab(model, value, stale)
+            elif tab == SERVERS_TAB:
+                self._draw_servers_tab(model, stale)
+            elif tab == TIMELINE_TAB and (stale or self.value_key.value != self._timeline_key):
+                self._timeline_key = self.value_key.value
+                self.plots.show_timeline(model, self._timeline_key)
+            elif tab == EVENTS_TAB and (stale or self._filters_dirty):
+                self._filters_dirty = False
+                log = log_table(
+                    model, self.key_filter.value, self.op_filter.value, self.rows, self._log_made
+                )
+                log_html = table_html(*log, "labkv-log", "no events yet", self._drawn["log"])
+                _set(self.log, value=log_html)
+
+    def _draw_header(self, model: MonitorModel, title: str, closed: bool) -> None:
+        """The one-line header, and the key choices of the dropdowns."""
+        with model.lock:
+            counts = " · ".join(f"{esc(op)} {n}" for op, n in sorted(model.counts.items()))
+            keys = list(model.keys)
+            total, dropped = model.events_seen, model.dropped_keys
+        state = " (closed)" if closed else ""
+        extra = f" · {dropped} events of untracked keys" if dropped else ""
+        summary = f"{_count(total, 'event')} · {_count(len(keys), 'key')} · {counts}{extra}"
+        _set(self.header, value=f"<b>labkv monitor</b> {esc(title)}{state}: {summary}")
+        if keys != self._known_keys:
+            self._known_keys = keys
+            self._set_options(self.key_filter, [("all keys", None)], keys)
+            self._set_options(self.value_key, [("(first key)", None)], keys)
+
+    def _draw_keys(self, model: MonitorModel, placement: dict[Any, Any]) -> None:
+        table = keys_table(model, placement)
+        _set(self.keys, value=table_html(*table, "labkv-keys", "no keys yet", self._drawn["keys"]))
+
+    def _draw_value_tab(self, model: MonitorModel, value: ValueState, stale: bool) -> None:
+        if stale:
             trace = trace_table(model, self.trace_rows, self._trace_made)
-            _set(
-                self.trace,
-                value=table_html(
-                    *trace, "labkv-trace", "no updater calls yet", self._drawn["trace"]
-                ),
-            )
+            empty = "no updater calls yet"
+            _set(self.trace, value=table_html(*trace, "labkv-trace", empty, self._drawn["trace"]))
             note = trace_note(model, len(trace[1])) if trace[1] else ""
             _set(self.trace_note, value=f'<span class="labkv-empty">{esc(note)}</span>')
-            clocks = table_html(
-                *clocks_table(model), "labkv-clocks", "no dist_ssp pulls", self._drawn["clocks"]
-            )
-            _set(self.clocks, value=clocks)
-            _set(
-                self.servers,
-                value=table_html(
-                    *servers_table(model),
-                    "labkv-servers",
-                    "no server events",
-                    self._drawn["servers"],
-                ),
-            )
-            if keys != self._known_keys:
-                self._known_keys = keys
-                self._set_options(self.key_filter, [("all keys", None)], keys)
-                self._set_options(self.value_key, [("(first key)", None)], keys)
-            self.plots.show_load(model)
-        if changed or self.value_key.value != self._timeline_key:
-            self._timeline_key = self.value_key.value
-            self.plots.show_timeline(model, self._timeline_key)
-        if changed or self._filters_dirty:
-            self._filters_dirty = False
-            log = log_table(
-                model, self.key_filter.value, self.op_filter.value, self.rows, self._log_made
-            )
-            _set(self.log, value=table_html(*log, "labkv-log", "no events yet", self._drawn["log"]))
-        with model.lock:
-            waiting = any(not fan.current()["complete"] for fan in model.fanin.values())
-        if changed or waiting:  # an unfinished round's waiting time keeps growing
-            fan = fanin_table(model, time.time())
-            fanin = table_html(*fan, "labkv-fanin", "no dist_sync rounds", self._drawn["fanin"])
-            _set(self.fanin, value=fanin)
         if value.version != self._value_version:
             self._value_version = value.version
             self._show_value(value)
+
+    def _draw_servers_tab(self, model: MonitorModel, stale: bool) -> None:
+        if stale:
+            clocks = clocks_table(model)
+            drawn = self._drawn
+            _set(
+                self.clocks,
+                value=table_html(*clocks, "labkv-clocks", "no dist_ssp pulls", drawn["clocks"]),
+            )
+            servers = servers_table(model)
+            _set(
+                self.servers,
+                value=table_html(*servers, "labkv-servers", "no server events", drawn["servers"]),
+            )
+            self.plots.show_load(model)
+        with model.lock:
+            waiting = any(not fan.current()["complete"] for fan in model.fanin.values())
+        if stale or waiting:  # an unfinished round's waiting time keeps growing
+            fan = fanin_table(model, time.time())
+            fanin = table_html(*fan, "labkv-fanin", "no dist_sync rounds", self._drawn["fanin"])
+            _set(self.fanin, value=fanin)
 
     def _show_value(self, value: ValueState) -> None:
         if value.error:
