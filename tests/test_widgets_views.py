@@ -311,7 +311,7 @@ def test_timeline_shows_a_straggler_and_the_waits_for_it(watched):
 
 def test_only_the_shown_tab_is_redrawn_and_a_closed_monitor_draws_every_tab(monkeypatch):
     kv = labkv.create("local")
-    mon = monitor(kv, hz=20)
+    mon = monitor(kv, hz=20, hidden_tabs_s=3600)
     _ = mon.widget
     d = mon.dashboard
     peeks = []
@@ -337,3 +337,20 @@ def test_only_the_shown_tab_is_redrawn_and_a_closed_monitor_draws_every_tab(monk
     assert d.log.value.count("<td>push</td>") == 2
     assert "key w: 3 float64" in d.value_caption.value and peeks == ["w"]
     assert d.trace.value and "(closed)" in d.header.value
+
+
+def test_hidden_tabs_are_drawn_once_in_a_while():
+    # while a cell runs the kernel does not hear of a click on another tab: the
+    # tab must already be recent when it is shown
+    kv = labkv.create("local")
+    mon = monitor(kv, hz=20, hidden_tabs_s=0.3)
+    _ = mon.widget
+    d = mon.dashboard
+    kv.init("w", np.zeros(3))
+    kv.push("w", np.ones(3))
+    mon.refresh()
+    assert d.log.value == ""  # hidden and drawn less than 0.3 s ago
+    assert wait_until(lambda: "<td>push</td><td>w</td>" in d.log.value, timeout=5.0)
+    assert "key w: 3 float64" in d.value_caption.value
+    assert d.tab == 0  # never shown
+    mon.close()

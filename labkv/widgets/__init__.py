@@ -29,5 +29,5 @@ def monitor(kv: Any, **options: Any) -> Monitor:
     """A :class:`Monitor` watching ``kv`` (any labkv store); display it in a
     cell for the live dashboard, or ``print`` it for text. ``options`` go to
     :class:`Monitor` (``hz``, ``rows``, ``log_size``, ``trace_size``, ``timeline_size``,
-    ``refresh_cpu``)."""
+    ``refresh_cpu``, ``hidden_tabs_s``)."""
     return Monitor(kv, **options)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -79,6 +80,9 @@ class Monitor:
     (the timeline: the events :meth:`export_trace` writes). ``refresh_cpu`` is
         the share of a core the refreshes may take from the notebook: when a busy
         store makes them costly, they come less often (down to once a second).
+        ``hidden_tabs_s``: how often the tabs the page does not show are drawn too
+        (a refresh draws the shown tab; while a cell runs, the kernel hears of a
+        click on another tab only when the cell ends, so that tab must be recent).
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class Monitor:
         trace_size: int = 100,
         refresh_cpu: float = 0.005,
         timeline_size: int = 20_000,
+        hidden_tabs_s: float = 1.0,
     ):
         self.model = MonitorModel(
             log_size=log_size, trace_size=trace_size, timeline_size=timeline_size
@@ -105,6 +110,8 @@ class Monitor:
         self._placement_keys = 0
         self._chosen: Any = None
         self._refresh_lock = threading.Lock()
+        self._hidden_tabs_s = hidden_tabs_s
+        self._every_tab_at = time.monotonic()
         self._ticker = Ticker(self.refresh, hz=hz, cpu_share=refresh_cpu)
         self.attach(kv)
 
@@ -164,15 +171,18 @@ class Monitor:
     # -- refresh (the ticker's thread, or called directly) ------------------------
     def refresh(self) -> None:
         """Fold pending events and bring the dashboard (if any) up to date: its
-        header and the tab the page shows (every tab once the monitor is closed,
-        so that its last picture is whole)."""
+        header and the tab the page shows, and every tab once a second (and once
+        the monitor is closed, so that its last picture is whole)."""
         with self._refresh_lock:
             model = self.model
             self._catch_up()
             dashboard = self._dashboard
             if dashboard is None:
                 return
-            every_tab = self.closed
+            now = time.monotonic()
+            every_tab = self.closed or now - self._every_tab_at >= self._hidden_tabs_s
+            if every_tab:
+                self._every_tab_at = now
             if every_tab or dashboard.shows_value:
                 self._read_chosen_value(dashboard)
             title = self._title()

@@ -102,7 +102,10 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
                 page.wait_for_timeout(150)
             final_w = f"() => {{ const r = [...document.querySelectorAll('.labkv-keys tbody tr')].find(tr => tr.children[0].textContent === 'w'); return !!r && r.children[2].textContent === '{N_PUSH}'; }}"
             page.wait_for_function(final_w, timeout=15_000)
-            page.wait_for_timeout(400)  # the last 10 Hz tick
+            # hidden tabs are drawn once a second: wait for the value tab's last picture
+            final_caption = "() => (document.querySelector('.labkv-value-caption') || {textContent: ''}).textContent.includes('min 120 max 120 mean 120')"
+            page.wait_for_function(final_caption, timeout=10_000)
+            page.wait_for_timeout(1_200)  # one more round of every tab
             final = page.evaluate(SAMPLE)
             image_max = page.evaluate(BOKEH_IMAGE_MAX)
             page.get_by_text("timeline", exact=True).first.click()
