@@ -151,8 +151,9 @@ class Tallies:
         if elapsed < interval and slot.used >= self.burst:
             slot.calls += 1
             slot.nbytes += nbytes
-            busy = slot.calls - slot.window_calls
-            rate_fill = busy * (interval - elapsed) / max(elapsed, 1e-6)
+            # calls since the window's first one, which came at elapsed 0
+            since_first = slot.calls - slot.window_calls - 1
+            rate_fill = since_first * (interval - elapsed) / max(elapsed, 1e-6)
             grant = min(max(int(rate_fill), CREDITS_MIN), CREDITS_MAX)
             if units == 1 and server is None and op in self.credits:
                 credits = itertools.repeat(True, grant)
