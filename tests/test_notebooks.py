@@ -116,11 +116,36 @@ def test_notebook_opens_with_its_plan_and_ends_with_its_recap(path):
     assert "## Recap" in last, "the last text is not the recap"
 
 
-def _with_solutions(nb) -> list[int]:
-    """Insert, after each exercise's check cell, the solution its answer cell
-    names (what ``%load`` would put there) and the check again; returns the
-    indices of the original checks and of the repeated ones."""
-    cells, first, again = [], [], []
+# One wrong answer per exercise, a mistake a student could make: its check must
+# say "not yet", not "correct".
+WRONG = {
+    "solutions/01_1.py": "answer1 = np.full(4, 3.0)  # the last push wins",
+    "solutions/01_2.py": "answer2 = 3.75  # the initial 0 counted in the mean",
+    "solutions/02_1.py": "answer1 = -0.3  # momentum left out",
+    "solutions/02_2.py": "answer2 = 2  # 0.4 does not reach the threshold",
+    "solutions/03_1.py": "answer1 = 8 << 20  # a buffer for the sum",
+    "solutions/04_1.py": "answer1 = 300 * 50  # not sliced",
+    "solutions/04_2.py": (
+        "answer2 = {c: 2 * 1_000_000 * c[0] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}"
+        "  # the servers not counted"
+    ),
+    "solutions/05_1.py": "answer1 = 10  # one update per round, as in dist_sync",
+    "solutions/05_2.py": "answer2 = [True] * 4  # every pull waits, as in dist_sync",
+    "solutions/06_1.py": "answer1 = (32, 31)  # the ranks forgotten",
+    "solutions/06_2.py": "answer2 = (200, 200)  # every rank reads only its share",
+    "solutions/07_1.py": "answer1 = (2 * 21 * 19240, 2 * 23 * 19240)  # the padded step forgotten",
+    "solutions/07_2.py": "answer2 = -0.4  # as if the buffer were zeroed",
+    "solutions/08_1.py": "answer1 = float((after_resume[1] - checkpoint[1])[0])  # with momentum",
+    "solutions/09_1.py": "answer1 = [1, 2]  # the round-robin starts at the other worker",
+}
+
+
+def _with_solutions(nb) -> tuple[list[int], list[int], list[int]]:
+    """Insert, after each exercise's check cell, its wrong answer (``WRONG``) and the
+    check again, then the solution its answer cell names (what ``%load`` would put
+    there) and the check again; returns the indices of the original checks, of the
+    checks after a wrong answer and of those after the solution."""
+    cells, first, wrong, again = [], [], [], []
     solution = None
     for cell in nb.cells:
         cells.append(cell)
@@ -129,12 +154,15 @@ def _with_solutions(nb) -> list[int]:
             solution = re.search(r"%load (solutions/\S+\.py)", cell.source).group(1)
         if "check" in tags:
             first.append(len(cells) - 1)
-            source = (SOLUTIONS.parent / solution).read_text()
-            cells.append(nbformat.v4.new_code_cell(source))
-            cells.append(nbformat.v4.new_code_cell(cell.source))
-            again.append(len(cells) - 1)
+            for source, indices in (
+                (WRONG[solution], wrong),
+                ((SOLUTIONS.parent / solution).read_text(), again),
+            ):
+                cells.append(nbformat.v4.new_code_cell(source))
+                cells.append(nbformat.v4.new_code_cell(cell.source))
+                indices.append(len(cells) - 1)
     nb.cells = cells
-    return first, again
+    return first, wrong, again
 
 
 def _stdout(cell) -> str:
@@ -144,11 +172,12 @@ def _stdout(cell) -> str:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path):
     """Run top to bottom: no error, every exercise check says "not yet" on the
-    untouched exercise, and "correct" once the solution file ran in its place."""
+    untouched exercise and on a wrong answer, and "correct" once the solution file
+    ran in its place."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    first, again = _with_solutions(nb)
+    first, wrong, again = _with_solutions(nb)
     assert first, "no exercise check cell (tagged 'check')"
     client = NotebookClient(
         nb,
@@ -165,6 +194,11 @@ def test_notebook_runs_top_to_bottom(path):
     assert not errors
     for i in first:
         assert re.match(r"exercise \d: not yet", _stdout(nb.cells[i])), _stdout(nb.cells[i])
+    for i in wrong:
+        said = _stdout(nb.cells[i])
+        assert re.match(r"exercise \d: not yet: ", said), (
+            f"a wrong answer ({nb.cells[i - 1].source}): {said}"
+        )
     for i in again:
         assert re.match(r"exercise \d: correct", _stdout(nb.cells[i])), _stdout(nb.cells[i])
 
@@ -178,3 +212,8 @@ def test_every_solution_belongs_to_an_exercise():
                 named |= set(re.findall(r"%load (solutions/\S+\.py)", cell.source))
     files = {f"solutions/{p.name}" for p in SOLUTIONS.glob("*.py")}
     assert named == files
+
+
+def test_every_exercise_has_a_wrong_answer():
+    files = {f"solutions/{p.name}" for p in SOLUTIONS.glob("*.py")}
+    assert set(WRONG) == files
