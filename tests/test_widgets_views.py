@@ -337,3 +337,30 @@ def test_only_the_shown_tab_is_redrawn_and_a_closed_monitor_draws_every_tab(monk
     assert d.log.value.count("<td>push</td>") == 2
     assert "key w: 3 float64" in d.value_caption.value and peeks == ["w"]
     assert d.trace.value and "(closed)" in d.header.value
+
+
+def test_close_never_raises_and_says_what_it_could_not_read(monkeypatch):
+    kv = labkv.create("local")
+    mon = monitor(kv, hz=20)
+    _ = mon.widget
+    kv.init("w", np.zeros(2))
+
+    unsubscribe = kv.events.unsubscribe
+
+    def gone(*args):  # as a closed cluster store's bus: it drops the subscriber, then raises
+        if args:
+            unsubscribe(*args)
+        raise RuntimeError("the store local-1 is closed")
+
+    monkeypatch.setattr(kv.events, "flush", gone)  # what the monitor reads last
+    monkeypatch.setattr(kv.events, "unsubscribe", gone)
+    mon.close()
+    d = mon.dashboard
+    assert "dist" not in d.header.value and "(closed; store closed): 1 event" in d.header.value
+    assert "<td>w</td>" in d.keys.value and not mon._ticker.running and not kv.events.active
+    mon.close()  # idempotent, still no error
+    monkeypatch.undo()
+    mon.attach(kv)  # watching again: the note is gone
+    assert wait_until(lambda: "(closed" not in d.header.value, timeout=5.0)
+    mon.close()
+    assert "(closed): " in d.header.value
