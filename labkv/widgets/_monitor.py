@@ -351,6 +351,49 @@ class Monitor:
                 self._dashboard.plots.redraw()
         self.refresh()
 
+    def show(self, part: str) -> None:
+        """Display one part of the dashboard in this cell, under its one-line
+        header: ``"keys"``, ``"updates"`` (updater calls), ``"fan-in"`` (dist_sync
+        rounds), ``"clocks"`` (dist_ssp), ``"servers"`` (server load table) or
+        ``"events"``. It shows the dashboard's own widgets, so it keeps updating
+        with the monitor and keeps its last picture after :meth:`close`. An
+        unknown name raises ``ValueError`` naming the parts.
+
+        >>> import labkv
+        >>> mon = Monitor(labkv.create("dist_sync", num_servers=2))  # doctest: +SKIP
+        >>> mon.show("fan-in")  # the grid, where a round waits  # doctest: +SKIP
+        >>> Monitor(labkv.create()).show("fanin")
+        Traceback (most recent call last):
+        ...
+        ValueError: no part 'fanin' of the monitor; the parts are 'keys', 'updates', 'fan-in', 'clocks', 'servers', 'events'
+        """
+        from IPython.display import display
+
+        display(self.view(part))
+
+    def view(self, part: str) -> Any:
+        """The widget :meth:`show` displays (a new one each call, for a layout of
+        one's own); from now on the part's tab is drawn at every refresh.
+
+        >>> import labkv, numpy as np
+        >>> mon = Monitor(labkv.create(), hz=20)
+        >>> part = mon.view("keys")
+        >>> part.children[1] is mon.dashboard.header
+        True
+        >>> mon.kv.init("w", np.zeros(2)); mon.refresh()
+        >>> "<td>w</td>" in mon.dashboard.keys.value
+        True
+        >>> mon.close()
+        """
+        from ._parts import check_part
+
+        check_part(part)
+        _ = self.widget  # builds the dashboard (and starts the refresh thread) if need be
+        with self._refresh_lock:
+            view = self._dashboard.part(part)
+        self.refresh()
+        return view
+
     def _ipython_display_(self) -> None:
         from IPython.display import display
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ._html import STYLE, esc, table_html
 from ._model import MonitorModel
+from ._parts import PARTS
 from ._plots import Plots
 from ._tables import (
     EventRows,
@@ -116,6 +117,8 @@ class Dashboard:
         for w in (self.key_filter, self.op_filter):
             w.observe(self._filters_changed, names="value")
         self._filters_dirty = True
+        #: tabs drawn at every refresh, shown or not: those of the parts shown on their own
+        self.kept: set[int] = set()
         self._known_keys: list[Any] = []
         #: (model version, closed) of each tab's last drawing; the header's has the notes too
         self._state: tuple[int, bool, tuple[str, ...]] = (-1, False, ())
@@ -174,6 +177,19 @@ class Dashboard:
         self.root = W.VBox([W.HTML(STYLE), self.header, self.tabs])
         self.root.add_class("labkv-monitor")
 
+    def part(self, name: str) -> W.VBox:
+        """A new widget showing one of :data:`~labkv.widgets._parts.PARTS` under the
+        header: the same widgets as the tab's, so it changes with them; from now on
+        that tab is drawn at every refresh, shown or not."""
+        part = PARTS[name]
+        self.kept.add(TAB_TITLES.index(part.tab))
+        widgets = [getattr(self, attr) for attr in part.widgets]
+        if name == "events":  # the filters side by side, as in the tab
+            widgets = [W.HBox(widgets[:2]), widgets[2]]
+        view = W.VBox([W.HTML(STYLE), self.header, _pane(_section(part.title, *widgets))])
+        view.add_class("labkv-part")
+        return view
+
     def _filters_changed(self, _change: Any) -> None:
         self._filters_dirty = True  # the next tick re-renders the log
 
@@ -200,7 +216,7 @@ class Dashboard:
         notes: tuple[str, ...] = (),
     ) -> None:
         """Re-render what changed since the last call: the header and the tab the
-        page shows (``every_tab``: all
+        page shows, and those of the parts shown on their own (``every_tab``: all
         of them, e.g. for the last picture of a closed monitor). A hidden tab is
         drawn when it is shown: while a store is busy, drawing tables and plots
         nobody sees was most of a refresh's cost. ``notes`` (what a closed monitor
@@ -209,7 +225,7 @@ class Dashboard:
         if (*state, notes) != self._state:
             self._state = (*state, notes)
             self._draw_header(model, title, closed, notes)
-        tabs = range(len(TAB_TITLES)) if every_tab else (self.tab,)
+        tabs = range(len(TAB_TITLES)) if every_tab else sorted({self.tab, *self.kept})
         for tab in tabs:
             stale = self._drawn_at.get(tab) != state
             self._drawn_at[tab] = state
