@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 
@@ -9,7 +12,7 @@ import numpy as np
 import pytest
 
 import labkv
-from labkv.cluster import run
+from labkv.cluster import ClusterError, run
 from labkv.cluster._events import topic_of
 from labkv.widgets import monitor
 from labkv.widgets._tables import fanin_table
@@ -198,3 +201,57 @@ def test_events_from_all_sources_are_newest_first_by_time(handle):
     finally:
         mon.close()
         kv.close()
+
+
+def _watched_pair(handle):
+    """A dist_sync store with keys 0 and 1 on servers 0 and 1, pushed once, and
+    its monitor's dashboard showing them."""
+    pytest.importorskip("ipywidgets")
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2, timeout=20)
+    mon = monitor(kv, hz=20)
+    _ = mon.widget
+    kv.init([0, 1], [np.zeros(3, np.float32), np.zeros(5, np.float32)])
+    kv.push([0, 1], [np.ones(3, np.float32), np.ones(5, np.float32)])
+    _settled(mon, 1, lambda stats: stats.pushes == 1)
+    return kv, mon
+
+
+def test_closing_the_monitor_of_a_closed_store_keeps_its_picture(handle):
+    kv, mon = _watched_pair(handle)
+    kv.close()
+    mon.close()  # the store says it is closed when told to stop streaming: noted, not raised
+    d = mon.dashboard
+    assert "dist_sync (closed; store closed): " in d.header.value and "push 4" in d.header.value
+    assert "<td>0</td><td>3</td><td>1</td>" in d.keys.value
+    assert not mon._ticker.running and not kv.events.active
+
+
+def _kill_this_worker():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_closing_the_monitor_after_a_server_is_lost(handle):
+    kv, mon = _watched_pair(handle)
+    victim = kv.placement()[1][0]["device"].split("@")[1]
+    try:
+        with contextlib.suppress(Exception):  # the worker dies while answering
+            handle.client.run(_kill_this_worker, workers=[victim])
+
+        def lost():
+            try:
+                kv.peek(1)
+            except ClusterError:
+                return True
+            return False
+
+        assert wait_until(lost, 30.0)
+        mon.close()
+        d = mon.dashboard
+        assert "dist_sync (closed; server 1 lost): " in d.header.value
+        assert "<td>1</td><td>5</td><td>1</td>" in d.keys.value  # the last picture stays
+        assert not mon._ticker.running and not kv.events.active
+    finally:
+        with contextlib.suppress(Exception):
+            kv.close()
+        handle.client.wait_for_workers(2, timeout=60)

@@ -354,3 +354,80 @@ def test_hidden_tabs_are_drawn_once_in_a_while():
     assert "key w: 3 float64" in d.value_caption.value
     assert d.tab == 0  # never shown
     mon.close()
+
+
+def test_a_part_shown_alone_follows_the_monitor_and_keeps_its_last_picture(monkeypatch):
+    kv = labkv.create("local")
+    mon = monitor(kv, hz=20)
+    shown = []
+    monkeypatch.setattr("IPython.display.display", shown.append)
+    mon.show("fan-in")  # the dashboard itself is never displayed; its tab stays "keys"
+    (part,) = shown
+    d = mon.dashboard
+    assert d.tab == TAB_TITLES.index("keys") and mon._ticker.running
+    assert d.header in part.children and "labkv-part" in part._dom_classes
+    assert "fan-in (dist_sync round)" in part.children[2].children[0].children[0].value
+    assert "no dist_sync rounds" in d.fanin.value  # drawn at once
+    kv.events.deliver(_round("w", 0, 1, [0, 2], 3, t=time.time()))
+    # the refresh thread draws the part's hidden tab: the rank held back shows up
+    assert wait_until(lambda: "labkv-missing" in d.fanin.value, timeout=5.0)
+    mon.close()
+    assert "(closed)" in d.header.value and "labkv-missing" in d.fanin.value
+    assert part.comm is not None  # still on the page, with its last picture
+    kv.events.deliver(_round("w", 0, 2, [0, 1, 2], 3, complete=True, t=time.time()))
+    mon.refresh()
+    assert "labkv-missing" in d.fanin.value  # nothing seen after close
+
+
+def test_every_part_has_its_widgets_and_a_wrong_name_lists_them():
+    mon = monitor(labkv.create("local"))
+    with pytest.raises(ValueError, match="no part 'fanin' of the monitor; the parts are 'keys'.*"):
+        mon.view("fanin")
+    assert mon.dashboard is None  # refused before anything was built
+    d = mon.dashboard
+    for name, widgets in [
+        ("keys", ["keys"]),
+        ("updates", ["trace_note", "trace"]),
+        ("fan-in", ["fanin"]),
+        ("clocks", ["clocks"]),
+        ("servers", ["servers"]),
+        ("events", ["log"]),
+    ]:
+        part = mon.view(name)
+        d = mon.dashboard
+        pane = part.children[2].children[0]  # the part's section
+        assert [w for w in pane.children[1:] if isinstance(w, W.HTML)] == [
+            getattr(d, attr) for attr in widgets
+        ], name
+    assert d.kept == set(range(len(TAB_TITLES))) - {TAB_TITLES.index("timeline")}
+    mon.kv.init("w", np.zeros(2))
+    mon.refresh()  # the parts' tabs are drawn though the page shows only "keys"
+    assert "<td>init</td><td>w</td>" in d.log.value
+    mon.close()
+
+
+def test_close_never_raises_and_says_what_it_could_not_read(monkeypatch):
+    kv = labkv.create("local")
+    mon = monitor(kv, hz=20)
+    _ = mon.widget
+    kv.init("w", np.zeros(2))
+
+    unsubscribe = kv.events.unsubscribe
+
+    def gone(*args):  # as a closed cluster store's bus: it drops the subscriber, then raises
+        if args:
+            unsubscribe(*args)
+        raise RuntimeError("the store local-1 is closed")
+
+    monkeypatch.setattr(kv.events, "flush", gone)  # what the monitor reads last
+    monkeypatch.setattr(kv.events, "unsubscribe", gone)
+    mon.close()
+    d = mon.dashboard
+    assert "dist" not in d.header.value and "(closed; store closed): 1 event" in d.header.value
+    assert "<td>w</td>" in d.keys.value and not mon._ticker.running and not kv.events.active
+    mon.close()  # idempotent, still no error
+    monkeypatch.undo()
+    mon.attach(kv)  # watching again: the note is gone
+    assert wait_until(lambda: "(closed" not in d.header.value, timeout=5.0)
+    mon.close()
+    assert "(closed): " in d.header.value

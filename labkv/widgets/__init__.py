@@ -27,7 +27,8 @@ __all__ = ["Monitor", "MonitorModel", "monitor"]
 
 def monitor(kv: Any, **options: Any) -> Monitor:
     """A :class:`Monitor` watching ``kv`` (any labkv store); display it in a
-    cell for the live dashboard, or ``print`` it for text. ``options`` go to
+    cell for the live dashboard, ``mon.show("fan-in")`` (see :meth:`Monitor.show`)
+    for one part of it where it matters, or ``print`` it for text. ``options`` go to
     :class:`Monitor` (``hz``, ``rows``, ``log_size``, ``trace_size``, ``timeline_size``,
     ``refresh_cpu``, ``hidden_tabs_s``)."""
     return Monitor(kv, **options)

@@ -17,11 +17,10 @@ key  shape  push  pull  updater  in    out  min  max  mean  norm   last change  
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ import numpy as np
 from ..events import export_trace, summarize
 from ._model import MonitorModel
 from ._text import summary as text_summary
+from ._text import unread
 from ._throttle import Ticker
 from ._values import downsample
 
@@ -109,6 +109,8 @@ class Monitor:
         self._placement: dict[Any, Any] = {}
         self._placement_keys = 0
         self._chosen: Any = None
+        #: what a closing monitor could not read (``store closed``, ``server 1 lost``)
+        self._notes: list[str] = []
         self._refresh_lock = threading.Lock()
         self._hidden_tabs_s = hidden_tabs_s
         self._every_tab_at = time.monotonic()
@@ -118,12 +120,13 @@ class Monitor:
     # -- life cycle ----------------------------------------------------------------
     def attach(self, kv: Any) -> Monitor:
         """Watch ``kv`` from now on (forgetting the previous store's events)."""
-        self._unsubscribe()
+        self._noting(self._unsubscribe)  # a lost or closed store: watching it is over anyway
         with self._refresh_lock:
             self.kv = kv
             self.model.reset()
             self._placement, self._placement_keys = {}, 0
             self._chosen = None
+            self._notes.clear()
             if self._value is not None:
                 self._value.__init__()
                 self._value.version = -2  # differs from the dashboard's, so it redraws
@@ -139,24 +142,44 @@ class Monitor:
         return self
 
     def close(self) -> None:
-        """Stop watching and stop the refresh thread (idempotent).
+        """Stop watching and stop the refresh thread (idempotent; never raises).
 
-        A displayed dashboard stays where it is, showing everything seen up to
-        now, its header marked closed: a notebook that ends its monitor in its
-        last cell still shows what happened after Run All. (Closing the widgets
-        would take that picture away, and the page's plots would go on sending
-        messages to widgets the kernel no longer has.) ``attach`` watches again.
+        A displayed dashboard (and every part shown with :meth:`show`) stays
+        where it is, showing everything seen up to now, its header marked closed:
+        a notebook that ends its monitor in its last cell still shows what
+        happened after Run All. (Closing the widgets would take that picture
+        away, and the page's plots would go on sending messages to widgets the
+        kernel no longer has.) When the store can no longer be read (closed, or a
+        server of a cluster store lost), the picture is what the monitor saw until
+        then and the header says what it could not read, e.g. ``(closed; server 1
+        lost)``. ``attach`` watches again.
         """
         self._ticker.stop()
-        if self._sub is not None:
-            # The last picture includes the calls the bus has only counted so far;
-            # a store that is already closed keeps the picture of its last refresh.
-            with contextlib.suppress(Exception):
-                self.refresh()
-        self._unsubscribe()
-        self.closed = True
-        with contextlib.suppress(Exception):
-            self.refresh()  # the header says closed
+        with self._refresh_lock:
+            if self._sub is not None:
+                # The last picture includes the calls the bus has only counted so far
+                # and the values the servers hold now.
+                self._noting(lambda: self._catch_up(note_failures=True))
+            # Unsubscribing a cluster store tells its servers to stop streaming: the
+            # store raises when it is closed or a server is lost, yet the monitor is
+            # unsubscribed by then (the bus drops the subscriber first).
+            self._noting(self._unsubscribe)
+            self._sub = None
+            self.model.flush()  # what arrived since
+            self.closed = True
+            self._noting(self._draw)  # the header says closed; every tab drawn
+
+    def _noting(self, step: Callable[[], Any]) -> None:
+        """Run ``step``; what it raises becomes a note of the closed monitor's header."""
+        try:
+            step()
+        except Exception as exc:
+            self._note(exc)
+
+    def _note(self, exc: BaseException) -> None:
+        note = unread(exc)
+        if note not in self._notes:
+            self._notes.append(note)
 
     def _flush_bus(self) -> None:
         """Have the store's bus deliver the calls it only tallied so far."""
@@ -164,9 +187,9 @@ class Monitor:
             self.kv.events.flush()
 
     def _unsubscribe(self) -> None:
-        if self._sub is not None:
-            self._sub.unsubscribe()
-            self._sub = None
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            sub.unsubscribe()
 
     # -- refresh (the ticker's thread, or called directly) ------------------------
     def refresh(self) -> None:
@@ -174,31 +197,37 @@ class Monitor:
         header and the tab the page shows, and every tab once a second (and once
         the monitor is closed, so that its last picture is whole)."""
         with self._refresh_lock:
-            model = self.model
-            self._catch_up()
-            dashboard = self._dashboard
-            if dashboard is None:
-                return
-            now = time.monotonic()
-            every_tab = self.closed or now - self._every_tab_at >= self._hidden_tabs_s
-            if every_tab:
-                self._every_tab_at = now
-            if every_tab or dashboard.shows_value:
-                self._read_chosen_value(dashboard)
-            title = self._title()
-            dashboard.update(model, self._value, self._placement, title, self.closed, every_tab)
+            if not self.closed:
+                self._catch_up()
+            self._draw()
 
-    def _catch_up(self) -> None:
+    def _draw(self) -> None:
+        """Bring the dashboard (if any) up to date with the model (under the refresh lock)."""
+        dashboard = self._dashboard
+        if dashboard is None:
+            return
+        now = time.monotonic()
+        every_tab = self.closed or now - self._every_tab_at >= self._hidden_tabs_s
+        if every_tab:
+            self._every_tab_at = now
+        if every_tab or dashboard.shows_value:
+            self._read_chosen_value(dashboard)
+        notes = tuple(self._notes)
+        dashboard.update(
+            self.model, self._value, self._placement, self._title(), self.closed, every_tab, notes
+        )
+
+    def _catch_up(self, note_failures: bool = False) -> None:
         """Fold everything the bus has (detailed and only counted calls) into the
         model, and re-read the placement when keys were added."""
         self._flush_bus()
         self.model.flush()
-        self._read_server_values()
+        self._read_server_values(note_failures)
         if len(self.model.keys) != self._placement_keys:
             self._placement_keys = len(self.model.keys)
             self._placement = self._read_placement()
 
-    def _read_server_values(self) -> None:
+    def _read_server_values(self, note_failures: bool = False) -> None:
         """Summaries of values that servers changed, read from the servers. Their
         events tell what was pushed (and the ranks' what they pulled, a batch
         later), not what is stored now; at most SERVER_READS keys per refresh."""
@@ -206,7 +235,9 @@ class Monitor:
         for key in model.take_server_changed(SERVER_READS):
             try:
                 value = self.kv.peek(key)
-            except Exception:  # e.g. a server lost: the store's next call says so
+            except Exception as exc:  # e.g. a server lost: the store's next call says so
+                if note_failures:  # closing: no next call, the header says it
+                    self._note(exc)
                 continue
             model.set_value(key, summarize(value))
 
@@ -329,6 +360,49 @@ class Monitor:
             if self._dashboard is not None:
                 self._dashboard.plots.redraw()
         self.refresh()
+
+    def show(self, part: str) -> None:
+        """Display one part of the dashboard in this cell, under its one-line
+        header: ``"keys"``, ``"updates"`` (updater calls), ``"fan-in"`` (dist_sync
+        rounds), ``"clocks"`` (dist_ssp), ``"servers"`` (server load table) or
+        ``"events"``. It shows the dashboard's own widgets, so it keeps updating
+        with the monitor and keeps its last picture after :meth:`close`. An
+        unknown name raises ``ValueError`` naming the parts.
+
+        >>> import labkv
+        >>> mon = Monitor(labkv.create("dist_sync", num_servers=2))  # doctest: +SKIP
+        >>> mon.show("fan-in")  # the grid, where a round waits  # doctest: +SKIP
+        >>> Monitor(labkv.create()).show("fanin")
+        Traceback (most recent call last):
+        ...
+        ValueError: no part 'fanin' of the monitor; the parts are 'keys', 'updates', 'fan-in', 'clocks', 'servers', 'events'
+        """
+        from IPython.display import display
+
+        display(self.view(part))
+
+    def view(self, part: str) -> Any:
+        """The widget :meth:`show` displays (a new one each call, for a layout of
+        one's own); from now on the part's tab is drawn at every refresh.
+
+        >>> import labkv, numpy as np
+        >>> mon = Monitor(labkv.create(), hz=20)
+        >>> part = mon.view("keys")
+        >>> part.children[1] is mon.dashboard.header
+        True
+        >>> mon.kv.init("w", np.zeros(2)); mon.refresh()
+        >>> "<td>w</td>" in mon.dashboard.keys.value
+        True
+        >>> mon.close()
+        """
+        from ._parts import check_part
+
+        check_part(part)
+        _ = self.widget  # builds the dashboard (and starts the refresh thread) if need be
+        with self._refresh_lock:
+            view = self._dashboard.part(part)
+        self.refresh()
+        return view
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

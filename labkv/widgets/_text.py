@@ -9,6 +9,7 @@ bias  12
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ._model import MonitorModel
@@ -22,7 +23,7 @@ from ._tables import (
     trace_table,
 )
 
-__all__ = ["render_table", "summary"]
+__all__ = ["render_table", "summary", "unread"]
 
 
 def render_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -57,3 +58,27 @@ def summary(
         if rows:
             parts.append(f"\n{title}\n" + render_table(headers, rows))
     return "\n".join(parts)
+
+
+def unread(exc: BaseException) -> str:
+    """What a closing monitor could not do, in a few words for its header.
+
+    >>> unread(RuntimeError("server 1 on Dask worker tcp://a:1 is lost (its keys' ...)"))
+    'server 1 lost'
+    >>> unread(RuntimeError("the store dist_sync-1f is closed (its servers were released)"))
+    'store closed'
+    >>> unread(KeyError("w"))
+    "could not read the store: KeyError('w')"
+    """
+    text = str(exc)
+    lost = _LOST.search(text)
+    if lost:
+        return f"server {lost[1]} lost"
+    if _CLOSED.search(text):
+        return "store closed"
+    return f"could not read the store: {exc!r}"[:120]
+
+
+#: the cluster store's messages for a lost server and for a closed store
+_LOST = re.compile(r"server (\d+) on Dask worker \S+ is lost")
+_CLOSED = re.compile(r"the store \S+ is closed")

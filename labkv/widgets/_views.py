@@ -18,6 +18,7 @@ import numpy as np
 
 from ._html import STYLE, esc, table_html
 from ._model import MonitorModel
+from ._parts import PARTS
 from ._plots import Plots
 from ._tables import (
     EventRows,
@@ -116,9 +117,11 @@ class Dashboard:
         for w in (self.key_filter, self.op_filter):
             w.observe(self._filters_changed, names="value")
         self._filters_dirty = True
+        #: tabs drawn at every refresh, shown or not: those of the parts shown on their own
+        self.kept: set[int] = set()
         self._known_keys: list[Any] = []
-        #: (model version, closed) of the header's last drawing, and of each tab's
-        self._state: tuple[int, bool] = (-1, False)
+        #: (model version, closed) of each tab's last drawing; the header's has the notes too
+        self._state: tuple[int, bool, tuple[str, ...]] = (-1, False, ())
         self._drawn_at: dict[int, tuple[int, bool]] = {}
         self._value_version = -1
         self._timeline_key: Any = None
@@ -174,6 +177,19 @@ class Dashboard:
         self.root = W.VBox([W.HTML(STYLE), self.header, self.tabs])
         self.root.add_class("labkv-monitor")
 
+    def part(self, name: str) -> W.VBox:
+        """A new widget showing one of :data:`~labkv.widgets._parts.PARTS` under the
+        header: the same widgets as the tab's, so it changes with them; from now on
+        that tab is drawn at every refresh, shown or not."""
+        part = PARTS[name]
+        self.kept.add(TAB_TITLES.index(part.tab))
+        widgets = [getattr(self, attr) for attr in part.widgets]
+        if name == "events":  # the filters side by side, as in the tab
+            widgets = [W.HBox(widgets[:2]), widgets[2]]
+        view = W.VBox([W.HTML(STYLE), self.header, _pane(_section(part.title, *widgets))])
+        view.add_class("labkv-part")
+        return view
+
     def _filters_changed(self, _change: Any) -> None:
         self._filters_dirty = True  # the next tick re-renders the log
 
@@ -197,16 +213,20 @@ class Dashboard:
         title: str,
         closed: bool = False,
         every_tab: bool = False,
+        notes: tuple[str, ...] = (),
     ) -> None:
         """Re-render what changed since the last call: the header and the tab the
-        page shows (``every_tab``: all of them, e.g. for the last picture of a
-        closed monitor). A hidden tab is drawn when it is shown: while a store is
-        busy, drawing tables and plots nobody sees was most of a refresh's cost."""
+        page shows, and those of the parts shown on their own (``every_tab``: all
+        of them, e.g. for the last picture of a closed monitor). A hidden tab is
+        drawn when it is shown: while a store is busy, drawing tables and plots
+        nobody sees was most of a refresh's cost. ``notes`` (what a closed monitor
+        could not read at the end, e.g. ``server 1 lost``) go in the header."""
         state = (model.version, closed)
-        if state != self._state:
-            self._state = state
-            self._draw_header(model, title, closed)
-        for tab in range(len(TAB_TITLES)) if every_tab else (self.tab,):
+        if (*state, notes) != self._state:
+            self._state = (*state, notes)
+            self._draw_header(model, title, closed, notes)
+        tabs = range(len(TAB_TITLES)) if every_tab else sorted({self.tab, *self.kept})
+        for tab in tabs:
             stale = self._drawn_at.get(tab) != state
             self._drawn_at[tab] = state
             if tab == KEYS_TAB and stale:
@@ -226,13 +246,15 @@ class Dashboard:
                 log_html = table_html(*log, "labkv-log", "no events yet", self._drawn["log"])
                 _set(self.log, value=log_html)
 
-    def _draw_header(self, model: MonitorModel, title: str, closed: bool) -> None:
+    def _draw_header(
+        self, model: MonitorModel, title: str, closed: bool, notes: tuple[str, ...] = ()
+    ) -> None:
         """The one-line header, and the key choices of the dropdowns."""
         with model.lock:
             counts = " · ".join(f"{esc(op)} {n}" for op, n in sorted(model.counts.items()))
             keys = list(model.keys)
             total, dropped = model.events_seen, model.dropped_keys
-        state = " (closed)" if closed else ""
+        state = f" ({'; '.join(('closed', *notes))})" if closed else ""
         extra = f" · {dropped} events of untracked keys" if dropped else ""
         summary = f"{_count(total, 'event')} · {_count(len(keys), 'key')} · {counts}{extra}"
         _set(self.header, value=f"<b>labkv monitor</b> {esc(title)}{state}: {summary}")

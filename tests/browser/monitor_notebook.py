@@ -1,5 +1,6 @@
 """The notebook the browser test drives: a store, ``monitor(kv)``, then later cells
-that push (kernel thread) and deliver cluster events (a background thread)."""
+that push (kernel thread) and deliver cluster events (a background thread) under
+the fan-in grid shown on its own (``mon.show("fan-in")``)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def cluster_events():  # as the Dask client's thread would deliver them
             "bytes_in": 4096 * (s + 1), "bytes_out": 2048, "keys": 1, "bytes_held": 128,
             "device": f"gpu({s})"}))
 
+mon.show("fan-in")  # the grid alone, here, while the dashboard above shows its keys tab
 thread = threading.Thread(target=cluster_events)
 thread.start()
 thread.join()

@@ -1,9 +1,10 @@
 """One real-browser test: JupyterLab headless + Playwright over Debian's chromium.
 
 A notebook creates a store, shows ``monitor(kv)``, pushes from a later (busy)
-cell and delivers cluster events from a background thread; the DOM must show
-the pushes live, the updated value, a missing rank, server load, and the
-hostile key as text. Run alone with ``pytest -m browser``. Locally it skips
+cell and delivers cluster events from a background thread under the fan-in
+grid shown alone (``mon.show``); the DOM must show the pushes live, the updated
+value, a missing rank (in the dashboard and in the grid alone), server load,
+and the hostile key as text. Run alone with ``pytest -m browser``. Locally it skips
 when chromium or playwright is absent; under CI (``CI`` set) it fails instead.
 """
 
@@ -38,6 +39,7 @@ SAMPLE = """() => {
   const txt = sel => { const e = document.querySelector(sel); return e ? e.textContent.trim() : null; };
   const prompts = [...document.querySelectorAll('.jp-InputPrompt')].map(e => e.textContent.trim());
   return {keys: rows('.labkv-keys'), fanin: rows('.labkv-fanin'), servers: rows('.labkv-servers'),
+          part_fanin: rows('.labkv-part .labkv-fanin'),
           clocks: rows('.labkv-clocks'),
           caption: txt('.labkv-value-caption'), header: txt('.labkv-header'),
           trace: rows('.labkv-trace'),
@@ -97,7 +99,7 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
                 s = page.evaluate(SAMPLE)
                 s["t"] = round(time.monotonic() - t0, 2)
                 samples.append(s)
-                if "CELLS DONE" in s["out"] and s["fanin"] and s["busy"] == 0:
+                if "CELLS DONE" in s["out"] and s["part_fanin"] and s["busy"] == 0:
                     break
                 page.wait_for_timeout(150)
             final_w = f"() => {{ const r = [...document.querySelectorAll('.labkv-keys tbody tr')].find(tr => tr.children[0].textContent === 'w'); return !!r && r.children[2].textContent === '{N_PUSH}'; }}"
@@ -136,6 +138,8 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
     assert len(live - {"0", str(N_PUSH)}) >= 2, sorted(live)
     # dist views from events delivered on a background thread
     assert final["fanin"][0][4:] == ["pushed", "pushed", "MISSING"], final["fanin"]
+    # the fan-in grid shown alone in the later cell, drawn though its tab above is hidden
+    assert final["part_fanin"][0][4:] == ["pushed", "pushed", "MISSING"], final["part_fanin"]
     assert final["clocks"][0][1:4] == ["5", "rank 1", "5"], final["clocks"]
     assert final["clocks"][0][4:] == ["9 · waited 0.75 s (last 0.75 s)", "4 SLOWEST", "8"]
     assert [r[1:3] for r in final["servers"]] == [
