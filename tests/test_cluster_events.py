@@ -72,3 +72,12 @@ def test_server_events_reach_the_notebook_bus(handle):
         assert len(handle.client.get_events(topic_of(kv.store_id))) == n  # streaming stopped
     finally:
         kv.close()
+
+
+def test_the_last_subscriber_may_leave_after_the_store_is_closed(handle):
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2)
+    kv.init(0, np.zeros(4, dtype=np.float32))
+    sub = kv.events.subscribe(lambda event: None)
+    kv.close()
+    sub.unsubscribe()  # the servers are gone: leaving is still quiet
+    assert not kv.events.active

@@ -21,6 +21,7 @@ Choices made here, and why:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import defaultdict
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from . import _messages as messages
 from ._barrier import EventBarrier
 from ._calls import ACK_ABOVE, Calls
 from ._connect import ClusterHandle
+from ._errors import ClusterError
 from ._events import ClusterBus, topic_of
 from ._placement import Piece, place
 from ._server import Server
@@ -328,18 +330,37 @@ class DistStore(KVStore):
         return self._all_servers("load")
 
     def _set_streaming(self, on: bool) -> None:
+        if not on:
+            self._stop_streaming()
+            return
         client = self._handle.client
-        topic = topic_of(self._id)
-        if on:
-            client.subscribe_topic(topic, self.events.receive)
-        else:
-            client.unsubscribe_topic(topic)
+        client.subscribe_topic(topic_of(self._id), self.events.receive)
         detail = (self.events.detail_interval, self.events.detail_burst)
-        calls = [(s, self._call(s, "streaming", on, *detail)) for s in range(self.num_servers)]
+        calls = [(s, self._call(s, "streaming", True, *detail)) for s in range(self.num_servers)]
         # Wait, so that the next push is streamed; but never on the client's own
         # loop thread (a subscriber added from an event handler): that would deadlock.
         if not on_client_loop(client):
             self._wait_all(calls, "streaming")
+
+    def _stop_streaming(self) -> None:
+        """Stop the servers' events. After :meth:`close` there is nothing to stop;
+        with a server lost, every live server is told first, then the loss is
+        raised (the bus has dropped the subscriber by then)."""
+        client = self._handle.client
+        with contextlib.suppress(ValueError):  # close() already unsubscribed
+            client.unsubscribe_topic(topic_of(self._id))
+        if self._calls.closed:
+            return
+        lost: list[BaseException] = []
+        for s in range(self.num_servers):
+            try:
+                call = self._call(s, "streaming", False)
+                if not on_client_loop(client):
+                    self._wait_all([(s, call)], "streaming")
+            except (ClusterError, OSError) as exc:
+                lost.append(exc)
+        if lost:
+            raise lost[0]
 
     def close(self) -> None:
         """Release the servers this store started (their keys are dropped); a
