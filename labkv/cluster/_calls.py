@@ -24,6 +24,7 @@ from typing import Any
 from ._errors import ClusterError
 from ._holding import Holding
 from ._pack import sealable
+from ._replicas import is_lost
 from ._transport import ServerLink, wait_all
 from ._wire import Pull, Push, encode
 
@@ -50,6 +51,9 @@ class Calls:
         loop = links[0].loop if links else None
         self.holding = None if loop is None else Holding(self._send_push, loop)
         self.closed: str | None = None  # why no call may be made any more
+        # Replicated servers (see _replicas): pushes are kept until acknowledged,
+        # and a call that finds its primary lost fails over and is made again.
+        self.replicated = any(getattr(link, "replicated", False) for link in links)
 
     def call(self, s: int, method: str, *args: Any) -> Any:
         """Call ``method(*args)`` on server ``s`` after sending the held pushes,
@@ -70,7 +74,54 @@ class Calls:
     def wait(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
         """Results of in-flight calls ``(server, future)``, in order."""
         links = self.links
+        if self.replicated:
+            return self._wait_replicated(calls, what)
         return wait_all([(links[s], f) for s, f in calls], what, self.timeout, self.on_server_error)
+
+    def _wait_replicated(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
+        """:meth:`wait` with failover: a call whose primary is lost waits for the
+        failover (the kept pushes replayed), then is made again on the new
+        primary (a push not: the replay carried it)."""
+        results, first_error = [], None
+        for s, future in calls:
+            link = self.links[s]
+            while True:
+                try:
+                    waited = wait_all([(link, future)], what, self.timeout, self.on_server_error)
+                    results.append(waited[0])
+                    break
+                except Exception as exc:
+                    if not (is_lost(exc) and getattr(link, "replicated", False)):
+                        first_error = first_error or exc
+                        results.append(None)
+                        break
+                generation = getattr(future, "generation", link.generation)
+                try:
+                    link.fail_over(self.sender, self.sent[s], generation, self.timeout)
+                except Exception as exc:
+                    first_error = first_error or exc
+                    results.append(None)
+                    break
+                future = self._again(link, future)
+                if future is None:
+                    results.append(None)
+                    break
+        for link in self.links:
+            if getattr(link, "stale", False):
+                link.refresh(self.timeout)
+        if first_error is not None:
+            raise first_error
+        return results
+
+    @staticmethod
+    def _again(link: ServerLink, future: Any) -> Any:
+        """The call of ``future`` made again after a failover (None for a push)."""
+        method, args = getattr(future, "method", "push"), getattr(future, "args", ())
+        if method == "push":
+            return None
+        if method == "pull":  # the pushes it carried were replayed with the others
+            args = (args[0]._replace(pushes=()),)
+        return link.call(method, *args)
 
     def all(self, method: str, *args: Any) -> list[Any]:
         """``method(*args)`` on every server; their results by server id."""
@@ -86,6 +137,9 @@ class Calls:
         """Send one push message per server; ``wait``: until all have been applied.
         Not waited for: held when that helps (see module doc), else in flight."""
         calls, hold = [], []
+        if self.replicated:
+            for s, msg in messages:
+                self.links[s].keep(msg.header.seq, msg)
         for s, msg in messages:
             # Held: a copied push to a server in this process, or one that travels
             # as one frame (folded into a pull, it keeps that pull one pickled frame).
@@ -98,7 +152,10 @@ class Calls:
                     continue
             calls.append((s, self.call(s, "push", msg)))
         for s, msg in hold:  # after the calls above: call() sends what was held first
-            self.inflight.append((s, self.holding.hold(s, msg)))
+            held = self.holding.hold(s, msg)
+            if self.replicated:
+                held.generation = self.links[s].generation
+            self.inflight.append((s, held))
         if wait:
             self.flush()
             self.wait(calls, "push")

@@ -37,6 +37,7 @@ from ._calls import ACK_ABOVE, Calls
 from ._connect import ClusterHandle
 from ._events import ClusterBus, topic_of
 from ._placement import Piece, place
+from ._replicas import check_replicated_updater, replicated_links
 from ._server import Server
 from ._transport import ActorLink, ServerLink, on_client_loop, rank_links
 from ._wire import InitItem, decode_values, values_items
@@ -66,6 +67,7 @@ class DistStore(KVStore):
         handle: ClusterHandle | None = None,
         release: Callable[[], None] | None = None,
         links: list[ServerLink] | None = None,
+        replica_actors: list[Any] | None = None,
     ):
         super().__init__(spec.kind, spec.name or spec.kind)
         self._id = spec.store_id
@@ -78,7 +80,9 @@ class DistStore(KVStore):
             self.events = EventBus(self._id)
         if links is None:
             addresses = spec.server_addresses
-            if handle is not None:
+            if spec.replicas > 1:
+                links = replicated_links(spec, handle, replica_actors, self._failed_over)
+            elif handle is not None:
                 links = [ActorLink(s, a, x) for s, (a, x) in enumerate(zip(addresses, servers))]
             else:  # a rank: servers on its own Dask worker are called in-process
                 links = rank_links(addresses, servers, Server)
@@ -190,6 +194,16 @@ class DistStore(KVStore):
                 self._compression.restore(undo[0])
                 del self._residual_undo[key]
 
+    def _check_replicated_updater(self, updater: Callable | None, pieces: dict) -> None:
+        if self._spec.replicas > 1:
+            check_replicated_updater(updater, pieces)
+
+    def _failed_over(self, sid: int, old: str, replicas: list[str]) -> None:
+        """A link of this store made server ``sid``'s next replica its primary."""
+        if self.events.active:
+            extra = {"lost": [old], "replicas": replicas, "primary": replicas[0]}
+            self.events.emit("failover", None, rank=self._rank, server=sid, extra=extra)
+
     # -- keys ------------------------------------------------------------------------
     def _learn(self, key: Key, shape: tuple, dtype: Any) -> None:
         size = int(np.prod(shape, dtype=np.int64))
@@ -214,6 +228,7 @@ class DistStore(KVStore):
         placed = {
             k: place(k, int(a.size), self.num_servers, self._spec.bigarray_bound) for k, a in items
         }
+        self._check_replicated_updater(self._updater, placed)
         per_server: dict[int, list] = defaultdict(list)
         if self._owner:
             for key, array in items:
@@ -238,6 +253,9 @@ class DistStore(KVStore):
         compression = self._compression
         per_server, nbytes = messages.per_server(items, self._meta, self._pieces, compression)
         wait = nbytes >= ACK_ABOVE
+        # A replicated dist_sync push is kept until its round is acknowledged, after
+        # the push returns: it must not borrow arrays the caller may reuse.
+        copy = not wait or (self._spec.replicas > 1 and self._spec.sync)
         msgs = [
             (
                 s,
@@ -245,7 +263,7 @@ class DistStore(KVStore):
                     (calls.sender, self._rank, calls.next_seq(s)),
                     batch,
                     self._meta,
-                    copy=not wait,
+                    copy=copy,
                     same_process=self._links[s].same_process,
                     compression=compression,
                 ),
@@ -287,6 +305,7 @@ class DistStore(KVStore):
 
     # -- updaters, optimizers, states -------------------------------------------------
     def _set_updater_impl(self, updater: Callable) -> None:
+        self._check_replicated_updater(updater, self._pieces)
         blob = messages.pickled_updater(updater)  # refused here if it cannot travel
         if self._owner:
             self._all_servers("set_updater", blob)
@@ -318,9 +337,16 @@ class DistStore(KVStore):
         pieces ``{'server': s, 'device': 'cpu(0)@<worker address>', 'start': a,
         'stop': b}`` (flat element offsets; one piece, or one slice per server
         for values of at least ``bigarray_bound`` elements)."""
-        return messages.placement_table(
+        table = messages.placement_table(
             self._pieces, self._meta, self._spec.server_devices, self._spec.server_addresses
         )
+        if self._spec.replicas > 1:  # the workers of each piece's replicas, primary first
+            for pieces in table.values():
+                for piece in pieces:
+                    link = self._links[piece["server"]]
+                    piece["replicas"] = link.addresses()
+                    piece["device"] = piece["device"].split("@")[0] + "@" + link.address
+        return table
 
     def server_load(self) -> list[dict[str, Any]]:
         """Per server: its device, bytes in/out so far, keys and bytes held,
