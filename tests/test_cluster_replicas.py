@@ -12,7 +12,7 @@ import pytest
 
 import labkv
 from labkv.cluster._errors import ClusterError
-from labkv.cluster._replicas import InProcessReplicas
+from labkv.cluster._inprocess import InProcessReplicas
 from labkv.cluster._server import Server
 from labkv.cluster._servers import StoreSpec
 from labkv.cluster._store import DistStore
@@ -30,8 +30,13 @@ class Replicated:
 
         self.group = InProcessReplicas(make, num_servers, replicas, wire=kw.pop("wire", True))
         spec = StoreSpec(
-            kind, "t", num_servers, ["in-process"] * num_servers, kw.pop("bigarray_bound", 1000),
-            timeout, replicas=replicas,
+            kind,
+            "t",
+            num_servers,
+            ["in-process"] * num_servers,
+            kw.pop("bigarray_bound", 1000),
+            timeout,
+            replicas=replicas,
         )
         self.ranks = [
             DistStore(spec, [], r, num_workers, owner=r == 0, links=self.group.rank_links())

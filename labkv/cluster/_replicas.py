@@ -14,14 +14,13 @@ calls again what had failed (:meth:`._calls.Calls.wait`). Control methods
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from ._errors import TIMEOUTS, ClusterError
-from ._transport import InProcessHost, InProcessLink, InProcessServers, ServerLink
+from ._transport import ServerLink
 from ._wire import Peer
 
 #: Methods every replica runs (the others go to the primary only).
@@ -95,8 +94,9 @@ class Call:
 class ReplicatedLink(ServerLink):
     """Server ``sid`` as its replicas ``members`` (``(address, actor key)``,
     primary first), each reached through ``make_link(sid, address, actor_key)``
-    (or the given ``links``); ``on_failover(sid, old, new)`` hears each
-    failover this link makes."""
+    (or the given ``links``); ``on_failover(sid, old, replicas)`` hears each
+    failover this link makes (``old``: the lost primary's worker) and each
+    backup it learns is lost (``old`` None)."""
 
     replicated = True
 
@@ -106,7 +106,7 @@ class ReplicatedLink(ServerLink):
         members: list[tuple[str, str]],
         make_link: MakeLink,
         links: list[ServerLink] | None = None,
-        on_failover: Callable[[int, str, list[str]], None] | None = None,
+        on_failover: Callable[[int, str | None, list[str]], None] | None = None,
     ):
         self.members = [Peer._make(m) for m in members]
         super().__init__(sid, self.members[0].address)
@@ -181,9 +181,13 @@ class ReplicatedLink(ServerLink):
     def refresh(self, timeout: float) -> None:
         """Learn the group's replicas from the primary (after a re-seed)."""
         epoch, members = self.primary.call("members").result(timeout)
-        self._adopt(epoch, members)
+        before = len(self.members)
+        self.adopt(epoch, members)
+        if len(self.members) < before and self.on_failover is not None:
+            self.on_failover(self.sid, None, self.addresses())
 
-    def _adopt(self, epoch: int, members: list[tuple[str, str]]) -> None:
+    def adopt(self, epoch: int, members: list[tuple[str, str]]) -> None:
+        """Use the group ``members`` (primary first) of ``epoch``."""
         members = [Peer._make(m) for m in members]
         for m in members:
             if m not in self.links:
@@ -229,7 +233,7 @@ class ReplicatedLink(ServerLink):
                 f"server {self.sid} is lost: every replica of it is gone (Dask workers "
                 f"{gone}), with its keys' values and optimizer states"
             )
-        self._adopt(epoch, members)
+        self.adopt(epoch, members)
         with self.lock:
             first = min(self.kept) if self.kept else sent
             pushes = [self.kept[q] for q in sorted(self.kept)]
@@ -238,101 +242,6 @@ class ReplicatedLink(ServerLink):
         self.acknowledged(reply)
         if self.on_failover is not None:
             self.on_failover(self.sid, old.address, self.addresses())
-
-
-# -- in-process replicas (tests) -----------------------------------------------------------
-class _MortalHost(InProcessHost):
-    """An in-process host whose servers can die: calls to a dead one fail."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.dead: set[str] = set()
-
-    def call_peer(self, peer: Peer, method: str, args: list) -> Any:
-        if peer.actor_key in self.dead:
-            raise OSError(f"{peer.actor_key} is dead")
-        return super().call_peer(peer, method, args)
-
-
-class InProcessReplicas(InProcessServers):
-    """``num_servers`` server ids of ``replicas`` replicas each, on one loop in
-    this process (no Dask): ``replicas_of[s]`` are the server objects of id
-    ``s``, primary first; :meth:`rank_links` gives each rank its own links
-    (a link keeps its rank's pushes); :meth:`kill` makes a replica die."""
-
-    def __init__(
-        self, make: Callable[[int, Any], Any], num_servers: int, replicas: int, wire: bool = True
-    ):
-        super().__init__(make, 0, wire)
-        self.host = _MortalHost()
-        self.num_servers, self.made = num_servers, []
-        self.make_server = make
-        names = [[f"server-{s}-{r}" for r in range(replicas)] for s in range(num_servers)]
-        flat = self.start(
-            make, [s for s in range(num_servers) for _ in range(replicas)], sum(names, [])
-        )
-        self.replicas_of = [flat[s * replicas : (s + 1) * replicas] for s in range(num_servers)]
-        self.members = [[("in-process", n) for n in row] for row in names]
-        self.servers = [row[0] for row in self.replicas_of]
-        self._on_loop(
-            [
-                sv.join_group(self.members[s], r)
-                for s, row in enumerate(self.replicas_of)
-                for r, sv in enumerate(row)
-            ]
-        )
-        primaries = [m[0] for m in self.members]
-        self._on_loop([sv.link(primaries) for row in self.replicas_of for sv in row])
-        self.links = self.rank_links()
-
-    def _on_loop(self, coros: list) -> list:
-        async def run() -> list:
-            return [await c for c in coros]
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
-
-    def _link(self, sid: int, address: str, actor_key: str) -> InProcessLink:
-        link = InProcessLink(sid, self.host.servers[actor_key], self.loop, self.wire)
-        link.actor_key = actor_key
-        if actor_key in self.host.dead:
-            link.gone = True
-        self.made.append(link)
-        return link
-
-    def rank_links(self) -> list[ReplicatedLink]:
-        """A fresh set of links for one rank."""
-        return [ReplicatedLink(s, self.members[s], self._link) for s in range(self.num_servers)]
-
-    def kill(self, sid: int, replica: int | None = None) -> str:
-        """Replica ``replica`` of server ``sid`` dies (default: its current primary)."""
-        if replica is None:
-            name = next(sv for sv in self.servers_by_name(sid) if sv.primary).me.actor_key
-        else:
-            name = self.members[sid][replica][1]
-        self.host.dead.add(name)
-        for link in self.made:
-            if link.actor_key == name:
-                link.gone = True
-        return name
-
-    def servers_by_name(self, sid: int) -> list[Any]:
-        """The live replicas of ``sid``."""
-        return [sv for sv in self.replicas_of[sid] if sv.me.actor_key not in self.host.dead]
-
-    def reseed(self, sid: int) -> Any:
-        """Start a new replica of ``sid`` and have its primary seed it."""
-        n = len(self.members[sid]) + sum(
-            1 for k in self.host.servers if k.startswith(f"server-{sid}-")
-        )
-        name = f"server-{sid}-new{n}"
-        (server,) = self.start(self.make_server, [sid], [name])
-        live = self.servers_by_name(sid)
-        group = [tuple(m) for m in live[0].group]
-        primary = next(sv for sv in live if sv.primary)
-        self._on_loop([server.join_group([*group, ("in-process", name)], len(group), False)])
-        self._on_loop([primary.add_replica(("in-process", name))])
-        self.replicas_of[sid].append(server)
-        return server
 
 
 # -- building a store's links ----------------------------------------------------------------
@@ -349,7 +258,7 @@ def replicated_links(
     spec: Any,
     handle: Any,
     actors: list[Any] | None,
-    on_failover: Callable[[int, str, list[str]], None] | None = None,
+    on_failover: Callable[[int, str | None, list[str]], None] | None = None,
 ) -> list[ReplicatedLink]:
     """The links of a store whose servers have replicas (``spec.replica_members``):
     through the ``actors`` handles (all replicas, replica-major, as

@@ -183,12 +183,13 @@ class Replication:
     def _backup_names(self) -> list[str]:
         return [m.address for m in self.group[1:]]
 
-    def _replica_extra(self, lost: list[Peer] = ()) -> dict[str, Any]:
+    def _replica_extra(self, lost: list[Peer]) -> dict[str, Any]:
+        """A backup was lost (the primary stays): what the event says."""
         return {
             "replicas": [m.address for m in self.group],
             "primary": self.group[0].address,
             "lost": [m.address for m in lost],
-            "epoch": self.epoch,
+            "promoted": False,
         }
 
     # -- remote methods ---------------------------------------------------------------
@@ -238,9 +239,6 @@ class Replication:
             self.group = [m for m in self.group if m not in gone]
             self.acked = self.issued
             self.epoch += 1
-            if self.bus.active:
-                extra = self._replica_extra([m for m in ahead])
-                self.bus.emit("failover", None, server=self.sid, extra=extra)
             for backup in list(self.group[1:]):
                 await self._seed_one(backup)
         return await self.members()
@@ -254,8 +252,6 @@ class Replication:
             self.group.append(peer)
             self.epoch += 1
             await self._seed_one(peer)
-            if self.bus.active:
-                self.bus.emit("reseed", None, server=self.sid, extra=self._replica_extra())
         return await self.members()
 
     async def _seed_one(self, peer: Peer) -> None:

@@ -35,9 +35,11 @@ from . import _messages as messages
 from ._barrier import EventBarrier
 from ._calls import ACK_ABOVE, Calls
 from ._connect import ClusterHandle
+from ._errors import ClusterError
 from ._events import ClusterBus, topic_of
 from ._placement import Piece, place
 from ._replicas import check_replicated_updater, replicated_links
+from ._reseed import reseed
 from ._server import Server
 from ._transport import ActorLink, ServerLink, on_client_loop, rank_links
 from ._wire import InitItem, decode_values, values_items
@@ -87,6 +89,7 @@ class DistStore(KVStore):
             else:  # a rank: servers on its own Dask worker are called in-process
                 links = rank_links(addresses, servers, Server)
         self._links = links
+        self._reseeded: list[Any] = []  # futures of replicas started after a failover
         self._calls = Calls(links, spec.timeout, self._restore_residuals)
         self._pieces: dict[Key, list[Piece]] = {}
         self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
@@ -198,11 +201,27 @@ class DistStore(KVStore):
         if self._spec.replicas > 1:
             check_replicated_updater(updater, pieces)
 
-    def _failed_over(self, sid: int, old: str, replicas: list[str]) -> None:
-        """A link of this store made server ``sid``'s next replica its primary."""
-        if self.events.active:
-            extra = {"lost": [old], "replicas": replicas, "primary": replicas[0]}
+    def _failed_over(self, sid: int, old: str | None, replicas: list[str]) -> None:
+        """Server ``sid`` lost a replica: this store's link made the next one its
+        primary (``old`` the lost primary), or learnt that a backup is gone
+        (``old`` None). The notebook's store starts a new replica in place of
+        the lost one, and streams the new primary's events when watched."""
+        link = self._links[sid]
+        if old is not None:
+            extra = {"lost": [old], "replicas": replicas, "primary": replicas[0], "promoted": True}
             self.events.emit("failover", None, rank=self._rank, server=sid, extra=extra)
+        if self._handle is None or len(link.members) >= self._spec.replicas:
+            return
+        if old is not None and self.events.active:
+            self._set_streaming(True)
+        try:
+            added = reseed(self._handle, self._spec, self._links[sid], self._reseeded)
+        except ClusterError as exc:  # the store carries on with the replicas it has
+            added, extra = None, {"error": str(exc)}
+        else:
+            extra = {"added": added}
+        extra["replicas"] = self._links[sid].addresses()
+        self.events.emit("reseed", None, rank=self._rank, server=sid, extra=extra)
 
     # -- keys ------------------------------------------------------------------------
     def _learn(self, key: Key, shape: tuple, dtype: Any) -> None:
@@ -376,6 +395,7 @@ class DistStore(KVStore):
                 self._handle.client.unsubscribe_topic(topic_of(self._id))
             release, self._release = self._release, None
             release()
+            self._handle.client.cancel(self._reseeded)
 
     def __enter__(self) -> DistStore:
         return self

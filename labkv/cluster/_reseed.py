@@ -1,0 +1,58 @@
+"""Re-seeding a replicated server after a failover: a new replica on a live
+worker that holds none of that server, seeded from the new primary, so that a
+later loss is survived too.
+
+The process that owns the cluster handle does it (the notebook's store, or
+:func:`labkv.cluster.run` for its ranks): only a Dask client can start an
+actor. The new replica joins the group unseeded (it takes no log entry before
+its seed), the primary snapshots its state and forwards every later entry to
+it (:meth:`~._replication.Replication.add_replica`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._connect import ClusterHandle
+from ._errors import ClusterError
+from ._replicas import ReplicatedLink
+from ._transport import ActorLink
+
+
+def free_worker(handle: ClusterHandle, holders: list[str]) -> str | None:
+    """A live worker that holds no replica (``holders``), or None."""
+    free = [w for w in handle.workers() if w not in holders]
+    return free[0] if free else None
+
+
+def reseed(handle: ClusterHandle, spec: Any, link: ReplicatedLink, futures: list) -> str | None:
+    """Start a new replica of ``link``'s server on a free worker and add it to
+    the group; its future is appended to ``futures`` (released with the store).
+    The new replica's worker, or None when every live worker holds one."""
+    from ._servers import start_server
+
+    members = [(m.address, m.actor_key) for m in link.members]
+    address = free_worker(handle, [a for a, _ in members])
+    if address is None:
+        return None
+    sid, timeout = link.sid, spec.timeout
+    device = "cpu" if spec.server_devices[sid].startswith("cpu") else "auto"
+    replica = len(link.links)
+    future = start_server(
+        handle, spec.store_id, spec.kind, sid, 1, timeout, device, spec.staleness, address, replica
+    )
+    futures.append(future)
+    try:
+        with handle.client.as_current():
+            actor = future.result(timeout=timeout)
+        peer = (address, future.key)
+        actor.join_group([*members, peer], len(members), False).result(timeout=timeout)
+        link.add(peer, ActorLink(sid, address, actor))
+        epoch, group = link.primary.call("add_replica", peer).result(timeout)
+    except Exception as exc:
+        handle.client.cancel([future])
+        raise ClusterError(
+            f"a new replica of server {sid} on {address} did not start: {exc}"
+        ) from exc
+    link.adopt(epoch, group)
+    return address
