@@ -123,3 +123,40 @@ def test_more_replicas_than_workers_is_refused(handle3):
         labkv.create("dist_sync", cluster=handle3, num_servers=1, replicas=4)
     with pytest.raises(ValueError, match="replicas must be a positive int"):
         labkv.create("dist_sync", cluster=handle3, replicas=0)
+
+
+def _ranks_train(kv, steps, pause):
+    keys = [0, 1, 2]  # one on each of the 3 servers
+    kv.init(keys, [np.zeros(4, np.float32) for _ in keys])
+    if kv.rank == 0:
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.05, momentum=0.9))
+    kv.barrier()
+    outs = [np.empty(4, np.float32) for _ in keys]
+    for step in range(steps):
+        grads = [np.full(4, (step + 1) * (kv.rank + 1) * (k + 1), np.float32) / 7 for k in keys]
+        kv.push(keys, grads)
+        kv.pull(keys, out=outs)
+        time.sleep(pause)
+    return outs
+
+
+def test_ranks_of_a_run_survive_losing_a_worker_that_hosts_only_servers(handle3):
+    import threading
+
+    from labkv.cluster import run
+
+    handle3.client.wait_for_workers(3, timeout=60)
+    kw = dict(num_workers=2, cluster=handle3, num_servers=3, replicas=2, timeout=30)
+    undisturbed = run(_ranks_train, args=(30, 0.0), **kw)
+    handle3.client.wait_for_workers(3, timeout=60)
+    servers_only = handle3.workers()[2]  # ranks run on the first two workers
+    killer = threading.Timer(0.8, _kill, args=(handle3, servers_only))
+    killer.start()
+    try:
+        after = run(_ranks_train, args=(30, 0.05), **kw)
+    finally:
+        killer.join()
+    assert servers_only not in handle3.workers()
+    for rank_after, rank_before in zip(after, undisturbed, strict=True):
+        for a, b in zip(rank_after, rank_before, strict=True):
+            np.testing.assert_array_equal(a, b)

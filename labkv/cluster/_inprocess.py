@@ -21,6 +21,9 @@ class _MortalHost(InProcessHost):
         super().__init__()
         self.dead: set[str] = set()
 
+    async def alive(self, address: str) -> bool:
+        return True  # a dead replica's calls fail at once (call_peer)
+
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
         if peer.actor_key in self.dead:
             raise OSError(f"{peer.actor_key} is dead")

@@ -14,13 +14,14 @@ calls again what had failed (:meth:`._calls.Calls.wait`). Control methods
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from ._errors import TIMEOUTS, ClusterError
-from ._transport import ServerLink
+from ._transport import ServerLink, workers_of
 from ._wire import Peer
 
 #: Methods every replica runs (the others go to the primary only).
@@ -107,10 +108,11 @@ class ReplicatedLink(ServerLink):
         make_link: MakeLink,
         links: list[ServerLink] | None = None,
         on_failover: Callable[[int, str | None, list[str]], None] | None = None,
+        alive: Callable[[str], bool] | None = None,
     ):
         self.members = [Peer._make(m) for m in members]
         super().__init__(sid, self.members[0].address)
-        self.make_link, self.on_failover = make_link, on_failover
+        self.make_link, self.on_failover, self.alive = make_link, on_failover, alive
         if links is None:
             links = [make_link(sid, m.address, m.actor_key) for m in self.members]
         self.links = dict(zip(self.members, links, strict=True))
@@ -170,7 +172,10 @@ class ReplicatedLink(ServerLink):
         return payload
 
     def lost(self) -> str | None:
-        return self.primary.lost()
+        why = self.primary.lost()
+        if why is None and self.alive is not None and not self.alive(self.address):
+            why = f"the scheduler no longer has its worker {self.address}"
+        return why
 
     def lost_error(self, exc: BaseException) -> ClusterError:
         error = self.primary.lost_error(exc)
@@ -269,6 +274,7 @@ def replicated_links(
     from ._server import Server
     from ._transport import ActorLink, rank_links
 
+    alive = None
     if handle is not None:
 
         def make(sid: int, address: str, key: str) -> ServerLink:
@@ -282,6 +288,8 @@ def replicated_links(
             link.sid = sid
             return link
 
+        alive = _scheduler_alive()
+
     links = []
     num_servers = spec.num_servers
     for s, members in enumerate(spec.replica_members):
@@ -290,8 +298,30 @@ def replicated_links(
             given = [
                 ActorLink(s, a, actors[r * num_servers + s]) for r, (a, _) in enumerate(members)
             ]
-        links.append(ReplicatedLink(s, members, make, given, on_failover))
+        links.append(ReplicatedLink(s, members, make, given, on_failover, alive))
     return links
+
+
+def _scheduler_alive() -> Callable[[str], bool] | None:
+    """In a rank (a Dask task): whether the scheduler still has a worker, asked
+    through the rank's worker. A rank's call to a dead worker can sit in Dask's
+    connect retries for 30 s; its waits ask this every ``POLL_S`` instead."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    loop = worker.loop.asyncio_loop
+
+    def alive(address: str) -> bool:
+        try:
+            workers = asyncio.run_coroutine_threadsafe(workers_of(worker), loop).result(5)
+        except Exception:
+            return True  # the scheduler did not answer: no news of a loss
+        return address in workers
+
+    return alive
 
 
 def check_replicated_updater(updater: Any, pieces: dict) -> None:

@@ -39,6 +39,7 @@ from ..reduce import sum_into
 from ._device import host_copy
 from ._errors import answered
 from ._rounds import pushed_by
+from ._transport import POLL_S
 from ._wire import Peer
 
 Key = int | str
@@ -133,7 +134,7 @@ class Replication:
         return index
 
     async def _forward(self, backups: list[Peer], entry: tuple) -> None:
-        calls = [self.host.call_peer(b, "replicate", [entry]) for b in backups]
+        calls = [self._forward_one(b, entry) for b in backups]
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
         lost = [b for b, out in zip(backups, outcomes, strict=True) if isinstance(out, Exception)]
         if lost:  # a backup that cannot apply an entry is gone: the others carry on
@@ -142,6 +143,20 @@ class Replication:
             if self.bus.active:
                 self.bus.emit("failover", None, server=self.sid, extra=self._replica_extra(lost))
         self._entry_acked(entry[0])
+
+    async def _forward_one(self, backup: Peer, entry: tuple) -> None:
+        """Send ``entry`` to ``backup``; raise if its worker is gone. A call to a
+        dead worker can sit in Dask's connect retries for 30 s, so a slow reply
+        makes the primary ask the scheduler every ``POLL_S`` whether it still
+        has that worker."""
+        call = asyncio.ensure_future(self.host.call_peer(backup, "replicate", [entry]))
+        while True:
+            done, _ = await asyncio.wait({call}, timeout=POLL_S)
+            if done:
+                return call.result()
+            if not await self.host.alive(backup.address):
+                call.cancel()
+                raise OSError(f"the worker {backup.address} of a backup is gone")
 
     def _entry_acked(self, index: int) -> None:
         self._acks.add(index)

@@ -11,6 +11,7 @@ it (:meth:`~._replication.Replication.add_replica`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ._connect import ClusterHandle
@@ -25,14 +26,22 @@ def free_worker(handle: ClusterHandle, holders: list[str]) -> str | None:
     return free[0] if free else None
 
 
-def reseed(handle: ClusterHandle, spec: Any, link: ReplicatedLink, futures: list) -> str | None:
+def reseed(
+    handle: ClusterHandle,
+    spec: Any,
+    link: ReplicatedLink,
+    futures: list,
+    busy: tuple[str, ...] = (),
+) -> str | None:
     """Start a new replica of ``link``'s server on a free worker and add it to
     the group; its future is appended to ``futures`` (released with the store).
-    The new replica's worker, or None when every live worker holds one."""
+    The new replica's worker, or None when every live worker holds one or is
+    ``busy`` (runs a rank: an actor starts as a task, which would wait for the
+    rank to end)."""
     from ._servers import start_server
 
     members = [(m.address, m.actor_key) for m in link.members]
-    address = free_worker(handle, [a for a, _ in members])
+    address = free_worker(handle, [a for a, _ in members] + list(busy))
     if address is None:
         return None
     sid, timeout = link.sid, spec.timeout
@@ -56,3 +65,30 @@ def reseed(handle: ClusterHandle, spec: Any, link: ReplicatedLink, futures: list
         ) from exc
     link.adopt(epoch, group)
     return address
+
+
+def heal(
+    handle: ClusterHandle,
+    spec: Any,
+    links: list[ReplicatedLink],
+    futures: list,
+    busy: tuple[str, ...] = (),
+) -> list[int]:
+    """After the cluster's workers changed: promote the next replica of every
+    server whose primary is gone (the ranks' links then find it promoted), and
+    re-seed every server short of replicas on a worker that is not ``busy``
+    (one that joined later is used at a later call). The server ids left with
+    no replica at all (their keys are lost)."""
+    live, dead = set(handle.workers()), []
+    for link in links:
+        if link.members[0].address not in live:
+            try:
+                link.fail_over("labkv-run", 0, link.generation, spec.timeout)
+            except ClusterError:
+                dead.append(link.sid)
+                continue
+        link.members = [m for m in link.members if m.address in live]
+        if len(link.members) < spec.replicas:
+            with contextlib.suppress(ClusterError):  # the run goes on with fewer
+                reseed(handle, spec, link, futures, busy)
+    return dead

@@ -208,6 +208,12 @@ async def execute_on(worker: Any, address: str, actor_key: str, method: str, arg
     raise reply["exception"]
 
 
+async def workers_of(worker: Any) -> set[str]:
+    """The addresses of the workers the scheduler has now, asked from ``worker``."""
+    info = await worker.scheduler.identity()
+    return set(info.get("workers", {}))
+
+
 # -- waiting -----------------------------------------------------------------------------
 def wait_all(
     calls: list[tuple[ServerLink, Any]],
@@ -279,6 +285,10 @@ class Host:
     def log_event(self, topic: str, batch: Any) -> None:
         """Publish a batch of events on ``topic``."""
 
+    async def alive(self, address: str) -> bool:
+        """Whether the scheduler still has the worker at ``address``."""
+        return True
+
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
         """An awaitable of ``method(*args)`` on the server ``peer`` (its
         ``(address, actor_key)``), called from the server's loop."""
@@ -297,6 +307,9 @@ class DaskHost(Host):
 
     def log_event(self, topic: str, batch: Any) -> None:
         self.worker.log_event(topic, batch)
+
+    async def alive(self, address: str) -> bool:
+        return address in await workers_of(self.worker)
 
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
         address, actor_key = peer.address, peer.actor_key
