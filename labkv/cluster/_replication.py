@@ -33,16 +33,39 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import empty_like, to_device
+from ..devices import to_device
 from ..optimizers import Optimizer
-from ..reduce import sum_into
-from ._device import host_copy
+from ._device import host_copy, host_view
 from ._errors import answered
+from ._pack import PACK_BELOW
 from ._rounds import pushed_by
 from ._transport import POLL_S
 from ._wire import Peer
 
 Key = int | str
+
+
+def _entry(index: int, updates: list[tuple[Key, Any]], pushes: list[tuple]) -> tuple:
+    """A log entry as it travels: ``(index, small, bigs)``, the pushes and the
+    values under ``PACK_BELOW`` bytes pickled into one ``bytes`` (Dask would
+    serialise a list of 200 small arrays one by one), the big values as their
+    own frames."""
+    big = [i for i, (_, v) in enumerate(updates) if v.nbytes >= PACK_BELOW]
+    small = [u for i, u in enumerate(updates) if i not in big]
+    blob = pickle.dumps((small, big, [updates[i][0] for i in big], pushes), protocol=5)
+    return index, blob, [updates[i][1] for i in big]
+
+
+def _read_entry(entry: tuple) -> tuple[int, list[tuple[Key, Any]], list[tuple]]:
+    """The ``(index, updates, pushes)`` of :func:`_entry`, updates in their order
+    (an optimizer's update count, read by its schedule, follows that order)."""
+    index, blob, bigs = entry
+    small, big, big_keys, pushes = pickle.loads(blob)
+    updates, smalls = [], iter(small)
+    placed = dict(zip(big, zip(big_keys, bigs, strict=True), strict=True))
+    for i in range(len(small) + len(big)):
+        updates.append(placed[i] if i in placed else next(smalls))
+    return index, updates, pushes
 
 
 class Replication:
@@ -66,12 +89,6 @@ class Replication:
         return self.group is not None and self.group[0] == self.me
 
     # -- applying an entry (primary and backups alike) ----------------------------------
-    def _merged_value(self, key: Key, values: list[Any]) -> Any:
-        """The sum of ``values`` in the stored dtype, as ``Shard.apply`` makes it."""
-        merged = empty_like(self.shard.values[key])
-        sum_into(merged, values)
-        return merged
-
     def _apply_entry(self, updates: list[tuple[Key, Any]], pushes: list[tuple]) -> None:
         self.shard.apply([(k, [v]) for k, v in updates])
         self._note_pushes(pushes)
@@ -96,29 +113,33 @@ class Replication:
         here and forwarded; they finish (pulls read them, ranks push the next)
         once every live backup has applied them."""
         rounds = {k: self.rounds[k] for k in keys}
-        updates = [
-            (k, self._merged_value(k, [r.pending[q] for q in sorted(r.pending)]))
-            for k, r in rounds.items()
-        ]
-        pushes = [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
+        batch = [(k, [r.pending[q] for q in sorted(r.pending)]) for k, r in rounds.items()]
         try:
-            self._issue(updates, pushes, lambda: [self._finish(k, None) for k in keys])
+            self.shard.apply(batch)
         except Exception as exc:  # the round still ends, so no rank waits forever
             numbers = {k: r.done for k, r in rounds.items()}
             failure = self._failure(exc, keys, pushed_by(keys, rounds), numbers)
             for key in keys:
                 self._finish(key, failure)
             raise failure.report_to(sender) from None
+        # The merged values travel by reference: the next round of these keys
+        # cannot complete (and change them) before this entry is acknowledged.
+        updates = [(k, self.shard.merged(k)) for k in keys]
+        pushes = [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
+        self._issue(updates, pushes, lambda: [self._finish(k, None) for k in keys])
 
     def _issue_push(self, sender: str, seq: int, items: list[tuple[Key, Any]]) -> None:
-        """A dist_async push of a replicated server: applied here and forwarded."""
-        updates = [(k, self._merged_value(k, [v])) for k, v in items]
-        self._issue(updates, [(sender, k, seq) for k, _ in items])
+        """A dist_async push of a replicated server: applied here and forwarded
+        (its values as they arrived: a backup's ``apply`` of them makes the same
+        bits, and nothing changes them before the entry is sent)."""
+        self.shard.apply([(k, [v]) for k, v in items])
+        if items:
+            self._issue(items, [(sender, k, seq) for k, _ in items])
 
     def _issue(self, updates: list[tuple[Key, Any]], pushes: list[tuple], then: Any = None) -> int:
-        """Apply ``updates`` here and forward them to the backups; ``then()``
-        runs once every live backup has applied them (and those before)."""
-        self._apply_entry(updates, pushes)
+        """Forward ``updates`` (applied here) to the backups; ``then()`` runs once
+        every live backup has applied them (and those before)."""
+        self._note_pushes(pushes)
         index = self.issued
         self.issued += 1
         self._log[index] = (pushes, then)
@@ -126,8 +147,7 @@ class Replication:
         if not backups:
             self._entry_acked(index)
         else:
-            host_updates = [(k, host_copy(v)) for k, v in updates]
-            entry = (index, host_updates, pushes)
+            entry = _entry(index, [(k, host_view(v)) for k, v in updates], pushes)
             task = asyncio.ensure_future(self._forward(backups, entry))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -220,7 +240,7 @@ class Replication:
     async def replicate(self, entry: tuple) -> None:
         """A backup applies the primary's log entry ``(index, updates, pushes)``
         once every entry before it is applied."""
-        index, updates, pushes = entry
+        index, updates, pushes = _read_entry(entry)
         await self._wait(
             lambda: self.seeded and self.issued >= index,
             lambda: f"update {self.issued} from the primary never arrived (got {index})",
