@@ -1,6 +1,6 @@
 """Benchmark of the dist_sync store against a raw Dask echo, measured in one run.
 
-    python bench/dist.py [--quick] [--dask-malloc]
+    python bench/dist.py [--quick] [--dask-malloc] [--only=16MiB x1,tiny] [--repeats=3]
 
 W = 2 ranks (``labkv.cluster.run``) on an embedded 2-worker LocalCluster, with
 S = 1 and S = 2 servers, each also with ``replicas=2`` (every server's backup on
@@ -177,7 +177,9 @@ def _default_environ_echo(scale: int) -> dict[str, float]:
         }
 
 
-def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> None:
+def main(
+    quick: bool = False, dask_malloc: bool = False, repeats: int = 3, only: list[str] | None = None
+) -> None:
     from labkv.cluster import run
 
     scale = 4 if quick else 1
@@ -203,6 +205,8 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
             ("tiny", 500),
             ("barrier", 500),
         ]
+        if only:
+            cases = [(case, iters) for case, iters in cases if case in only]
         rows, replicated = [], {}
         for case, iters in cases:
             times: dict[int, list[float]] = {1: [], 2: []}
@@ -310,4 +314,11 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
 
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv, dask_malloc="--dask-malloc" in sys.argv)
+    # --only=16MiB x1,tiny runs those cases; --repeats=5 runs each 5 times
+    options = dict(a.removeprefix("--").split("=", 1) for a in sys.argv[1:] if "=" in a)
+    main(
+        quick="--quick" in sys.argv,
+        dask_malloc="--dask-malloc" in sys.argv,
+        repeats=int(options.get("repeats", 3)),
+        only=options["only"].split(",") if "only" in options else None,
+    )

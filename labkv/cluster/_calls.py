@@ -17,6 +17,7 @@ Choices made here, and why:
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -108,7 +109,8 @@ class Calls:
                     break
         for link in self.links:
             if getattr(link, "stale", False):
-                link.refresh(self.timeout)
+                with contextlib.suppress(Exception):  # a lost primary: the next call fails over
+                    link.refresh(self.timeout)
         if first_error is not None:
             raise first_error
         return results

@@ -31,6 +31,7 @@ import asyncio
 import pickle
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from ..devices import to_device
@@ -320,7 +321,7 @@ class Replication:
             "num_workers": self.num_workers,
             "optimizer": optimizer,
             "states": states,
-            "updater": None if shard.updater is None else pickle.dumps(shard.updater),
+            "updater": None if shard.updater is None else cloudpickle.dumps(shard.updater),
             "next_seq": dict(self.next_seq),
             "applied_seq": dict(self.applied_seq),
         }

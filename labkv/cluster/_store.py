@@ -210,10 +210,11 @@ class DistStore(KVStore):
         if old is not None:
             extra = {"lost": [old], "replicas": replicas, "primary": replicas[0], "promoted": True}
             self.events.emit("failover", None, rank=self._rank, server=sid, extra=extra)
+            if self._handle is not None and self.events.active:
+                self._set_streaming(True)  # the new primary streams its events too
         if self._handle is None or len(link.members) >= self._spec.replicas:
+            self._spec.replica_members[sid] = [tuple(m) for m in link.members]
             return
-        if old is not None and self.events.active:
-            self._set_streaming(True)
         try:
             added = reseed(self._handle, self._spec, self._links[sid], self._reseeded)
         except ClusterError as exc:  # the store carries on with the replicas it has
@@ -222,6 +223,8 @@ class DistStore(KVStore):
             extra = {"added": added}
         extra["replicas"] = self._links[sid].addresses()
         self.events.emit("reseed", None, rank=self._rank, server=sid, extra=extra)
+        # A run sharing this store (run(kvstore=kv)) reaches the replicas of now.
+        self._spec.replica_members[sid] = [tuple(m) for m in link.members]
 
     # -- keys ------------------------------------------------------------------------
     def _learn(self, key: Key, shape: tuple, dtype: Any) -> None:
