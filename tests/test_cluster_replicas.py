@@ -105,12 +105,14 @@ def _train(c, steps, kill_at=None, kill=lambda c: c.group.kill(0)):
     return results[0], c.ranks[0]._optimizer_states()
 
 
-@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
-def test_killing_a_primary_mid_run_changes_no_number(kind):
+@pytest.mark.parametrize(
+    ("kind", "replicas"), [("dist_sync", 2), ("dist_async", 2), ("dist_sync", 3)]
+)
+def test_killing_a_primary_mid_run_changes_no_number(kind, replicas):
     num_workers = 2 if kind == "dist_sync" else 1
     with Replicated(kind, num_workers=num_workers, bigarray_bound=16) as c:
         undisturbed, states = _train(c, 12)
-    with Replicated(kind, num_workers=num_workers, bigarray_bound=16) as c:
+    with Replicated(kind, num_workers=num_workers, bigarray_bound=16, replicas=replicas) as c:
         values, states_after = _train(c, 12, kill_at=5)
         assert c.group.servers_by_name(0)[0].primary  # the backup took over
     for a, b in zip(values, undisturbed, strict=True):
@@ -215,3 +217,29 @@ def test_a_custom_updater_on_a_sliced_key_is_refused_and_changes_nothing():
             kv.set_updater(lambda key, grad, stored: None)
         kv.push("big", np.ones(8))
         np.testing.assert_array_equal(kv.pull("big"), np.ones(8))  # still ASSIGN
+
+
+def test_replicas_are_checked_before_anything_starts():
+    from labkv.cluster._servers import check_replicas
+
+    assert check_replicas("dist_sync", 2) == 2
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="replicas must be a positive int"):
+            check_replicas("dist_sync", bad)
+    with pytest.raises(ValueError, match="not available for 'dist_ssp'"):
+        check_replicas("dist_ssp", 2)
+    assert check_replicas("dist_ssp", 1) == 1
+
+
+def test_a_lost_backup_leaves_the_group_and_the_primary_carries_on():
+    with Replicated("dist_sync", num_servers=1, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        kv.init("w", np.zeros(2, np.float32))
+        kv.push("w", np.ones(2, np.float32))
+        kv.pull("w")
+        c.group.kill(0, 1)  # the backup
+        for _ in range(3):
+            kv.push("w", np.full(2, 2.0, np.float32))
+            np.testing.assert_array_equal(kv.pull("w"), [2.0, 2.0])
+        assert len(c.group.replicas_of[0][0].group) == 1
+        assert kv._links[0].generation == 0  # no failover: the primary lives

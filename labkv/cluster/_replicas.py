@@ -243,7 +243,13 @@ class ReplicatedLink(ServerLink):
             first = min(self.kept) if self.kept else sent
             pushes = [self.kept[q] for q in sorted(self.kept)]
         self.generation += 1
-        reply = self.primary.call("replay", sender, first, pushes).result(timeout)
+        try:
+            reply = self.primary.call("replay", sender, first, pushes).result(timeout)
+        except TIMEOUTS:
+            raise ClusterError(
+                f"server {self.sid}'s new primary on {self.address} did not take the "
+                f"{len(pushes)} pushes not yet acknowledged within {timeout:g} s"
+            ) from None
         self.acknowledged(reply)
         if self.on_failover is not None:
             self.on_failover(self.sid, old.address, self.addresses())
