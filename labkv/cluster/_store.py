@@ -276,8 +276,10 @@ class DistStore(KVStore):
         per_server, nbytes = messages.per_server(items, self._meta, self._pieces, compression)
         wait = nbytes >= ACK_ABOVE
         # A replicated dist_sync push is kept until its round is acknowledged, after
-        # the push returns: it must not borrow arrays the caller may reuse.
-        copy = not wait or (self._spec.replicas > 1 and self._spec.sync)
+        # the push returns: it must not borrow arrays the caller may reuse. Except
+        # towards a primary in this process: if it is lost, so is this rank.
+        keep = self._spec.replicas > 1 and self._spec.sync
+        links = self._links
         msgs = [
             (
                 s,
@@ -285,8 +287,8 @@ class DistStore(KVStore):
                     (calls.sender, self._rank, calls.next_seq(s)),
                     batch,
                     self._meta,
-                    copy=copy,
-                    same_process=self._links[s].same_process,
+                    copy=not wait or (keep and not links[s].same_process),
+                    same_process=links[s].same_process,
                     compression=compression,
                 ),
             )
