@@ -155,9 +155,16 @@ class Replication:
         return index
 
     async def _forward(self, backups: list[Peer], entry: tuple) -> None:
-        calls = [self._forward_one(b, entry) for b in backups]
-        outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        lost = [b for b, out in zip(backups, outcomes, strict=True) if isinstance(out, Exception)]
+        if len(backups) == 1:  # the common case, without a task per backup
+            lost = []
+            try:
+                await self._forward_one(backups[0], entry)
+            except (Exception, asyncio.CancelledError):
+                lost = backups
+        else:
+            calls = [self._forward_one(b, entry) for b in backups]
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            lost = [b for b, out in zip(backups, outcomes, strict=True) if out is not None]
         if lost:  # a backup that cannot apply an entry is gone: the others carry on
             self.group = [m for m in self.group if m not in lost]
             self.epoch += 1
@@ -166,18 +173,29 @@ class Replication:
         self._entry_acked(entry[0])
 
     async def _forward_one(self, backup: Peer, entry: tuple) -> None:
-        """Send ``entry`` to ``backup``; raise if its worker is gone. A call to a
-        dead worker can sit in Dask's connect retries for 30 s, so a slow reply
-        makes the primary ask the scheduler every ``POLL_S`` whether it still
-        has that worker."""
-        call = asyncio.ensure_future(self.host.call_peer(backup, "replicate", [entry]))
-        while True:
-            done, _ = await asyncio.wait({call}, timeout=POLL_S)
-            if done:
-                return call.result()
-            if not await self.host.alive(backup.address):
-                call.cancel()
-                raise OSError(f"the worker {backup.address} of a backup is gone")
+        """Send ``entry`` to ``backup``. A call to a dead worker can sit in Dask's
+        connect retries for 30 s, so a reply slower than ``POLL_S`` makes the
+        primary ask the scheduler whether it still has that worker, and give
+        up on it (the call is cancelled) if not."""
+        timer = asyncio.get_running_loop().call_later(
+            POLL_S, self._watch_backup, backup, asyncio.current_task()
+        )
+        try:
+            await self.host.call_peer(backup, "replicate", [entry])
+        finally:
+            timer.cancel()
+
+    def _watch_backup(self, backup: Peer, task: asyncio.Task) -> None:
+        async def watch() -> None:
+            while not task.done():
+                if not await self.host.alive(backup.address):
+                    task.cancel()
+                    return
+                await asyncio.sleep(POLL_S)
+
+        watcher = asyncio.ensure_future(watch())
+        self._tasks.add(watcher)
+        watcher.add_done_callback(self._tasks.discard)
 
     def _entry_acked(self, index: int) -> None:
         self._acks.add(index)
