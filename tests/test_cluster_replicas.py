@@ -243,3 +243,24 @@ def test_a_lost_backup_leaves_the_group_and_the_primary_carries_on():
             np.testing.assert_array_equal(kv.pull("w"), [2.0, 2.0])
         assert len(c.group.replicas_of[0][0].group) == 1
         assert kv._links[0].generation == 0  # no failover: the primary lives
+
+
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
+def test_an_updater_that_raises_changes_no_replica(kind):
+    def updater(key, grad, stored):
+        if grad[0] > 1:
+            raise ValueError("too big")
+        stored += grad
+
+    with Replicated(kind, num_servers=1, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        kv.init("w", np.zeros(2, np.float32))
+        kv.set_updater(updater)
+        kv.push("w", np.ones(2, np.float32))
+        kv.push("w", np.full(2, 5.0, np.float32))
+        with pytest.raises(ValueError, match="too big"):
+            kv.pull("w")
+        load = kv.server_load()[0]
+        assert load["primary"] is True and len(load["replicas"]) == 2
+        c.group.kill(0)  # the backup has the same value: one update, not two
+        np.testing.assert_array_equal(kv.pull("w"), [1.0, 1.0])

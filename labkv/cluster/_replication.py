@@ -51,10 +51,14 @@ def _entry(index: int, updates: list[tuple[Key, Any]], pushes: list[tuple]) -> t
     values under ``PACK_BELOW`` bytes pickled into one ``bytes`` (Dask would
     serialise a list of 200 small arrays one by one), the big values as their
     own frames."""
-    big = [i for i, (_, v) in enumerate(updates) if v.nbytes >= PACK_BELOW]
+    big = [i for i, (_, v) in enumerate(updates) if v is not None and v.nbytes >= PACK_BELOW]
     small = [u for i, u in enumerate(updates) if i not in big]
     blob = pickle.dumps((small, big, [updates[i][0] for i in big], pushes), protocol=5)
     return index, blob, [updates[i][1] for i in big]
+
+
+def _host(value: Any) -> Any:
+    return None if value is None else host_view(value)
 
 
 def _read_entry(entry: tuple) -> tuple[int, list[tuple[Key, Any]], list[tuple]]:
@@ -91,7 +95,11 @@ class Replication:
 
     # -- applying an entry (primary and backups alike) ----------------------------------
     def _apply_entry(self, updates: list[tuple[Key, Any]], pushes: list[tuple]) -> None:
-        self.shard.apply([(k, [v]) for k, v in updates])
+        """Apply a log entry's updates (a key with value None: its update failed,
+        nothing to apply) and note its pushes as applied."""
+        applied = [(k, [v]) for k, v in updates if v is not None]
+        if applied:
+            self.shard.apply(applied)
         self._note_pushes(pushes)
 
     def _note_pushes(self, pushes: list[tuple]) -> None:
@@ -120,6 +128,9 @@ class Replication:
         except Exception as exc:  # the round still ends, so no rank waits forever
             numbers = {k: r.done for k, r in rounds.items()}
             failure = self._failure(exc, keys, pushed_by(keys, rounds), numbers)
+            self._issue_failed(
+                keys, [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
+            )
             for key in keys:
                 self._finish(key, failure)
             raise failure.report_to(sender) from None
@@ -133,9 +144,20 @@ class Replication:
         """A dist_async push of a replicated server: applied here and forwarded
         (its values as they arrived: a backup's ``apply`` of them makes the same
         bits, and nothing changes them before the entry is sent)."""
-        self.shard.apply([(k, [v]) for k, v in items])
+        pushes = [(sender, k, seq) for k, _ in items]
+        try:
+            self.shard.apply([(k, [v]) for k, v in items])
+        except Exception:
+            self._issue_failed([k for k, _ in items], pushes)
+            raise
         if items:
-            self._issue(items, [(sender, k, seq) for k, _ in items])
+            self._issue(items, pushes)
+
+    def _issue_failed(self, keys: list[Key], pushes: list[tuple]) -> None:
+        """Log an update that failed (its updater raised; nothing changed): the
+        backups count its pushes as done and close its rounds, so that a resend
+        after a failover does not run it again."""
+        self._issue([(k, None) for k in keys], pushes)
 
     def _issue(self, updates: list[tuple[Key, Any]], pushes: list[tuple], then: Any = None) -> int:
         """Forward ``updates`` (applied here) to the backups; ``then()`` runs once
@@ -148,7 +170,7 @@ class Replication:
         if not backups:
             self._entry_acked(index)
         else:
-            entry = _entry(index, [(k, host_view(v)) for k, v in updates], pushes)
+            entry = _entry(index, [(k, _host(v)) for k, v in updates], pushes)
             task = asyncio.ensure_future(self._forward(backups, entry))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -234,6 +256,15 @@ class Replication:
         """A replicated server's push or pull reply: ``(acked, epoch, payload)``."""
         return (self._acked(sender), self.epoch, payload)
 
+    def _load(self) -> dict[str, Any]:
+        """The server's load (see ``ServerEvents._load``), with its replicas
+        (primary first) when it has some: what the monitor's server table reads."""
+        load = super()._load()
+        if self.group is not None:
+            load["replicas"] = [m.address for m in self.group]
+            load["primary"] = self.primary
+        return load
+
     def _backup_names(self) -> list[str]:
         return [m.address for m in self.group[1:]]
 
@@ -266,7 +297,10 @@ class Replication:
         )
         if index < self.issued:
             return  # already in the state it was seeded with
-        self._apply_entry([(k, to_device(np.asarray(v), self.device)) for k, v in updates], pushes)
+        on_device = [
+            (k, None if v is None else to_device(np.asarray(v), self.device)) for k, v in updates
+        ]
+        self._apply_entry(on_device, pushes)
         if self.sync:
             for key, _ in updates:
                 self.rounds[key].finish()
