@@ -160,3 +160,31 @@ def test_ranks_of_a_run_survive_losing_a_worker_that_hosts_only_servers(handle3)
     for rank_after, rank_before in zip(after, undisturbed, strict=True):
         for a, b in zip(rank_after, rank_before, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_replica_is_seeded_on_a_worker_that_joins_after_the_loss(handle3):
+    handle3.client.wait_for_workers(3, timeout=60)
+    kv = labkv.create("dist_async", cluster=handle3, num_servers=1, replicas=3, timeout=30)
+    try:
+        kv.init(0, np.zeros(2, np.float32))
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+        replicas = kv.placement()[0][0]["replicas"]
+        _kill(handle3, replicas[0])  # every worker holds a replica: none is free now
+        reference = labkv.create("local")
+        reference.init(0, np.zeros(2, np.float32))
+        reference.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+        deadline = time.monotonic() + 30
+
+        def healed():
+            now = kv.placement()[0][0]["replicas"]
+            return len(now) == 3 and replicas[0] not in now
+
+        while not healed() and time.monotonic() < deadline:
+            for store in (kv, reference):
+                store.push(0, np.ones(2, np.float32))
+            np.testing.assert_array_equal(kv.pull(0), reference.pull(0))
+            time.sleep(0.05)
+        now = kv.placement()[0][0]["replicas"]
+        assert len(now) == 3 and replicas[0] not in now  # the nanny's new worker holds one
+    finally:
+        kv.close()

@@ -111,6 +111,10 @@ class Calls:
             if getattr(link, "stale", False):
                 with contextlib.suppress(Exception):  # a lost primary: the next call fails over
                     link.refresh(self.timeout)
+            if (
+                getattr(link, "replicated", False) and link.short()
+            ):  # no worker was free to seed a replica on: look again
+                link.on_failover(link.sid, None, link.addresses())
         if first_error is not None:
             raise first_error
         return results

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,8 @@ BROADCAST = frozenset(
 ACKNOWLEDGED = frozenset({"push", "pull", "replay"})
 
 MakeLink = Callable[[int, str, str], ServerLink]
+#: How often a store whose server lacks a replica asks for a new one again.
+RETRY_S = 2.0
 
 
 def _failed(exc: BaseException) -> concurrent.futures.Future:
@@ -124,6 +127,8 @@ class ReplicatedLink(ServerLink):
         self.stale = False  # a reply named a newer epoch: refresh the members
         self.generation = 0  # failovers made by this link
         self.gone: list[Peer] = []  # replicas known lost
+        self.wanted = len(self.members)  # how many replicas the group should have
+        self._retry_at = 0.0  # when to ask for a missing replica again
 
     @property
     def primary(self) -> ServerLink:
@@ -199,6 +204,15 @@ class ReplicatedLink(ServerLink):
                 self.links[m] = self.make_link(self.sid, m.address, m.actor_key)
         self.members, self.address = members, members[0].address
         self.epoch, self.stale = epoch, False
+
+    def short(self) -> bool:
+        """Whether the group lacks a replica and it is time to ask for one again
+        (at most every ``RETRY_S``: a worker to seed it on may join later)."""
+        now = time.monotonic()
+        if len(self.members) >= self.wanted or self.on_failover is None or now < self._retry_at:
+            return False
+        self._retry_at = now + RETRY_S
+        return True
 
     def add(self, peer: tuple[str, str], link: ServerLink) -> None:
         """A new replica (re-seeded by this process) and its link."""
@@ -280,12 +294,18 @@ def replicated_links(
     from ._server import Server
     from ._transport import ActorLink, rank_links
 
-    alive = None
     if handle is not None:
 
         def make(sid: int, address: str, key: str) -> ServerLink:
             with handle.client.as_current():
                 return ActorLink(sid, address, Actor(Server, address, key))
+
+        def alive(address: str) -> bool:
+            # An actor pinned to a dead worker may read "pending" again, not lost.
+            try:
+                return address in handle.workers()
+            except Exception:
+                return True  # the scheduler did not answer: no news of a loss
 
     else:
 

@@ -218,8 +218,10 @@ class DistStore(KVStore):
         try:
             added = reseed(self._handle, self._spec, self._links[sid], self._reseeded)
         except ClusterError as exc:  # the store carries on with the replicas it has
-            added, extra = None, {"error": str(exc)}
+            extra = {"error": str(exc)}
         else:
+            if added is None:  # no free worker now: asked again later (ReplicatedLink.short)
+                return
             extra = {"added": added}
         extra["replicas"] = self._links[sid].addresses()
         self.events.emit("reseed", None, rank=self._rank, server=sid, extra=extra)
