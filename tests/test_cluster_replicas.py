@@ -264,3 +264,19 @@ def test_an_updater_that_raises_changes_no_replica(kind):
         assert load["primary"] is True and len(load["replicas"]) == 2
         c.group.kill(0)  # the backup has the same value: one update, not two
         np.testing.assert_array_equal(kv.pull("w"), [1.0, 1.0])
+
+
+def test_a_big_push_kept_for_a_resend_is_a_copy_of_what_was_pushed():
+    size = 1 << 18  # 1 MiB of float32: a push that is waited for, lent to the server
+    with Replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init("w", np.zeros(size, np.float32))
+        grad = np.ones(size, np.float32)
+        r0.push("w", grad)  # joins the open round; rank 1 has not pushed yet
+        grad[:] = 999.0  # the caller may reuse its buffer once push returns
+        c.group.kill(0)  # the round dies with the primary: rank 0's push is resent
+        r1.push("w", np.full(size, 2.0, np.float32))
+        got = _in_threads(lambda: r0.pull("w"), lambda: r1.pull("w"))
+        for value in got:
+            np.testing.assert_array_equal(value[:3], [3.0, 3.0, 3.0])

@@ -25,7 +25,7 @@ from typing import Any
 from ._errors import ClusterError
 from ._holding import Holding
 from ._pack import sealable
-from ._replicas import is_lost
+from ._replicas import is_lost, kept_copy
 from ._transport import ServerLink, wait_all
 from ._wire import Pull, Push, encode
 
@@ -139,13 +139,21 @@ class Calls:
         self.sent[s] += 1
         return seq
 
-    def push(self, messages: list[tuple[int, Push]], wait: bool) -> None:
+    def push(self, messages: list[tuple[int, Push]], wait: bool, keep_copies: bool = False) -> None:
         """Send one push message per server; ``wait``: until all have been applied.
-        Not waited for: held when that helps (see module doc), else in flight."""
-        calls, hold = [], []
+        Not waited for: held when that helps (see module doc), else in flight.
+        Replicated servers: each push is kept until acknowledged; with
+        ``keep_copies``, a waited-for push (it lends the caller's arrays) is kept
+        as a copy, made while it travels (the caller cannot change its arrays
+        before ``push`` returns). Not towards a primary in this process: if that
+        one is lost, so is this rank."""
+        calls, hold, lent = [], [], []
         if self.replicated:
             for s, msg in messages:
-                self.links[s].keep(msg.header.seq, msg)
+                if wait and keep_copies and not self.links[s].same_process:
+                    lent.append((s, msg))
+                else:
+                    self.links[s].keep(msg.header.seq, msg)
         for s, msg in messages:
             # Held: a copied push to a server in this process, or one that travels
             # as one frame (folded into a pull, it keeps that pull one pickled frame).
@@ -162,6 +170,8 @@ class Calls:
             if self.replicated:
                 held.generation = self.links[s].generation
             self.inflight.append((s, held))
+        for s, msg in lent:
+            self.links[s].keep(msg.header.seq, kept_copy(msg))
         if wait:
             self.flush()
             self.wait(calls, "push")

@@ -21,9 +21,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ._errors import TIMEOUTS, ClusterError
 from ._transport import ServerLink, workers_of
-from ._wire import Peer
+from ._wire import Peer, Push
 
 #: Methods every replica runs (the others go to the primary only).
 BROADCAST = frozenset(
@@ -41,6 +43,12 @@ def _failed(exc: BaseException) -> concurrent.futures.Future:
     future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_exception(exc)
     return future
+
+
+def kept_copy(msg: Push) -> Push:
+    """``msg`` with its own copies of the big arrays it lends (its packed
+    buffer is already its own)."""
+    return msg._replace(bigs=[np.array(b) for b in msg.bigs])
 
 
 def is_lost(exc: BaseException) -> bool:

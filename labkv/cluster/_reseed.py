@@ -92,3 +92,35 @@ def heal(
             with contextlib.suppress(ClusterError):  # the run goes on with fewer
                 reseed(handle, spec, link, futures, busy)
     return dead
+
+
+def replica_lost(
+    events: Any,
+    rank: int,
+    handle: ClusterHandle | None,
+    spec: Any,
+    link: ReplicatedLink,
+    old: str | None,
+    futures: list,
+) -> None:
+    """A store's link lost a replica of its server: it made the next one the
+    primary (``old``: the lost primary's worker), or learnt that a backup is
+    gone (``old`` None). Reported on ``events``; the notebook's store
+    (``handle``) starts a new replica in place of the lost one (its future
+    appended to ``futures``), and the store's ``spec`` names the replicas of
+    now, so that a run sharing the store reaches them."""
+    sid = link.sid
+    if old is not None:
+        extra = {"lost": [old], "replicas": link.addresses(), "primary": link.address}
+        events.emit("failover", None, rank=rank, server=sid, extra={**extra, "promoted": True})
+    if handle is not None and len(link.members) < spec.replicas:
+        try:
+            added = reseed(handle, spec, link, futures)
+        except ClusterError as exc:  # the store carries on with the replicas it has
+            added, extra = None, {"error": str(exc)}
+        else:
+            extra = {"added": added}
+        if added is not None or "error" in extra:  # None: no free worker, asked again later
+            extra["replicas"] = link.addresses()
+            events.emit("reseed", None, rank=rank, server=sid, extra=extra)
+    spec.replica_members[sid] = [tuple(m) for m in link.members]

@@ -35,11 +35,10 @@ from . import _messages as messages
 from ._barrier import EventBarrier
 from ._calls import ACK_ABOVE, Calls
 from ._connect import ClusterHandle
-from ._errors import ClusterError
 from ._events import ClusterBus, topic_of
 from ._placement import Piece, place
 from ._replicas import check_replicated_updater, replicated_links
-from ._reseed import reseed
+from ._reseed import replica_lost
 from ._server import Server
 from ._transport import ActorLink, ServerLink, on_client_loop, rank_links
 from ._wire import InitItem, decode_values, values_items
@@ -202,31 +201,11 @@ class DistStore(KVStore):
             check_replicated_updater(updater, pieces)
 
     def _failed_over(self, sid: int, old: str | None, replicas: list[str]) -> None:
-        """Server ``sid`` lost a replica: this store's link made the next one its
-        primary (``old`` the lost primary), or learnt that a backup is gone
-        (``old`` None). The notebook's store starts a new replica in place of
-        the lost one, and streams the new primary's events when watched."""
+        """Server ``sid`` lost a replica (see :func:`._reseed.replica_lost`)."""
         link = self._links[sid]
-        if old is not None:
-            extra = {"lost": [old], "replicas": replicas, "primary": replicas[0], "promoted": True}
-            self.events.emit("failover", None, rank=self._rank, server=sid, extra=extra)
-            if self._handle is not None and self.events.active:
-                self._set_streaming(True)  # the new primary streams its events too
-        if self._handle is None or len(link.members) >= self._spec.replicas:
-            self._spec.replica_members[sid] = [tuple(m) for m in link.members]
-            return
-        try:
-            added = reseed(self._handle, self._spec, self._links[sid], self._reseeded)
-        except ClusterError as exc:  # the store carries on with the replicas it has
-            extra = {"error": str(exc)}
-        else:
-            if added is None:  # no free worker now: asked again later (ReplicatedLink.short)
-                return
-            extra = {"added": added}
-        extra["replicas"] = self._links[sid].addresses()
-        self.events.emit("reseed", None, rank=self._rank, server=sid, extra=extra)
-        # A run sharing this store (run(kvstore=kv)) reaches the replicas of now.
-        self._spec.replica_members[sid] = [tuple(m) for m in link.members]
+        if old is not None and self._handle is not None and self.events.active:
+            self._set_streaming(True)  # the new primary streams its events too
+        replica_lost(self.events, self._rank, self._handle, self._spec, link, old, self._reseeded)
 
     # -- keys ------------------------------------------------------------------------
     def _learn(self, key: Key, shape: tuple, dtype: Any) -> None:
@@ -277,10 +256,6 @@ class DistStore(KVStore):
         compression = self._compression
         per_server, nbytes = messages.per_server(items, self._meta, self._pieces, compression)
         wait = nbytes >= ACK_ABOVE
-        # A replicated dist_sync push is kept until its round is acknowledged, after
-        # the push returns: it must not borrow arrays the caller may reuse. Except
-        # towards a primary in this process: if it is lost, so is this rank.
-        keep = self._spec.replicas > 1 and self._spec.sync
         links = self._links
         msgs = [
             (
@@ -289,14 +264,16 @@ class DistStore(KVStore):
                     (calls.sender, self._rank, calls.next_seq(s)),
                     batch,
                     self._meta,
-                    copy=not wait or (keep and not links[s].same_process),
+                    copy=not wait,
                     same_process=links[s].same_process,
                     compression=compression,
                 ),
             )
             for s, batch in per_server.items()
         ]
-        calls.push(msgs, wait)
+        # A replicated dist_sync push is kept until its round is acknowledged, after
+        # the push returns: a big one lent to the server is copied to be kept.
+        calls.push(msgs, wait, keep_copies=self._spec.replicas > 1 and self._spec.sync)
 
     def _pull_impl(self, items: Items) -> None:
         per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
