@@ -38,39 +38,15 @@ from ..devices import to_device
 from ..optimizers import Optimizer
 from ._device import host_copy, host_view
 from ._errors import answered
-from ._pack import PACK_BELOW
 from ._rounds import pushed_by
 from ._transport import POLL_S
-from ._wire import Peer
+from ._wire import Peer, decode_entry, encode_entry
 
 Key = int | str
 
 
-def _entry(index: int, updates: list[tuple[Key, Any]], pushes: list[tuple]) -> tuple:
-    """A log entry as it travels: ``(index, small, bigs)``, the pushes and the
-    values under ``PACK_BELOW`` bytes pickled into one ``bytes`` (Dask would
-    serialise a list of 200 small arrays one by one), the big values as their
-    own frames."""
-    big = [i for i, (_, v) in enumerate(updates) if v is not None and v.nbytes >= PACK_BELOW]
-    small = [u for i, u in enumerate(updates) if i not in big]
-    blob = pickle.dumps((small, big, [updates[i][0] for i in big], pushes), protocol=5)
-    return index, blob, [updates[i][1] for i in big]
-
-
 def _host(value: Any) -> Any:
     return None if value is None else host_view(value)
-
-
-def _read_entry(entry: tuple) -> tuple[int, list[tuple[Key, Any]], list[tuple]]:
-    """The ``(index, updates, pushes)`` of :func:`_entry`, updates in their order
-    (an optimizer's update count, read by its schedule, follows that order)."""
-    index, blob, bigs = entry
-    small, big, big_keys, pushes = pickle.loads(blob)
-    updates, smalls = [], iter(small)
-    placed = dict(zip(big, zip(big_keys, bigs, strict=True), strict=True))
-    for i in range(len(small) + len(big)):
-        updates.append(placed[i] if i in placed else next(smalls))
-    return index, updates, pushes
 
 
 class Replication:
@@ -170,7 +146,7 @@ class Replication:
         if not backups:
             self._entry_acked(index)
         else:
-            entry = _entry(index, [(k, _host(v)) for k, v in updates], pushes)
+            entry = encode_entry(index, [(k, _host(v)) for k, v in updates], pushes)
             task = asyncio.ensure_future(self._forward(backups, entry))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -290,7 +266,7 @@ class Replication:
     async def replicate(self, entry: tuple) -> None:
         """A backup applies the primary's log entry ``(index, updates, pushes)``
         once every entry before it is applied."""
-        index, updates, pushes = _read_entry(entry)
+        index, updates, pushes = decode_entry(entry)
         await self._wait(
             lambda: self.seeded and self.issued >= index,
             lambda: f"update {self.issued} from the primary never arrived (got {index})",
