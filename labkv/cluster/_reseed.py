@@ -41,7 +41,10 @@ def reseed(
     from ._servers import start_server
 
     members = [(m.address, m.actor_key) for m in link.members]
-    address = free_worker(handle, [a for a, _ in members] + list(busy))
+    # The scheduler may still list a worker this link has found dead: an actor
+    # pinned there would only time out.
+    dead = [m.address for m in link.gone]
+    address = free_worker(handle, [a for a, _ in members] + dead + list(busy))
     if address is None:
         return None
     sid, timeout = link.sid, spec.timeout
