@@ -106,10 +106,17 @@ def _train(c, steps, kill_at=None, kill=lambda c: c.group.kill(0)):
 
 
 @pytest.mark.parametrize(
-    ("kind", "replicas"), [("dist_sync", 2), ("dist_async", 2), ("dist_sync", 3)]
+    ("kind", "replicas"),
+    [
+        ("dist_sync", 2),
+        ("dist_async", 2),
+        ("dist_sync", 3),
+        ("dist_device_sync", 2),
+        ("dist_async_device", 2),
+    ],
 )
 def test_killing_a_primary_mid_run_changes_no_number(kind, replicas):
-    num_workers = 2 if kind == "dist_sync" else 1
+    num_workers = 1 if "async" in kind else 2  # one async rank: a deterministic order
     with Replicated(kind, num_workers=num_workers, bigarray_bound=16) as c:
         undisturbed, states = _train(c, 12)
     with Replicated(kind, num_workers=num_workers, bigarray_bound=16, replicas=replicas) as c:
