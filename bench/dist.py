@@ -1,9 +1,10 @@
 """Benchmark of the dist_sync store against a raw Dask echo, measured in one run.
 
-    python bench/dist.py [--quick] [--dask-malloc]
+    python bench/dist.py [--quick] [--dask-malloc] [--only=16MiB x1,tiny] [--repeats=3]
 
 W = 2 ranks (``labkv.cluster.run``) on an embedded 2-worker LocalCluster, with
-S = 1 and S = 2 servers: push+pull per iteration of a 16 MiB model (1 key; 1
+S = 1 and S = 2 servers, each also with ``replicas=2`` (every server's backup on
+the other worker): push+pull per iteration of a 16 MiB model (1 key; 1
 key whose pushes travel 2-bit compressed; 4 keys of 4 MiB), 200 keys x 1 KiB,
 one tiny key, and a barrier. The baseline is
 a task on one worker echoing the same bytes through one call to the other
@@ -176,7 +177,9 @@ def _default_environ_echo(scale: int) -> dict[str, float]:
         }
 
 
-def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> None:
+def main(
+    quick: bool = False, dask_malloc: bool = False, repeats: int = 3, only: list[str] | None = None
+) -> None:
     from labkv.cluster import run
 
     scale = 4 if quick else 1
@@ -202,11 +205,14 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
             ("tiny", 500),
             ("barrier", 500),
         ]
-        rows = []
+        if only:
+            cases = [(case, iters) for case, iters in cases if case in only]
+        rows, replicated = [], {}
         for case, iters in cases:
             times: dict[int, list[float]] = {1: [], 2: []}
             ratios: dict[int, list[float]] = {1: [], 2: []}
             faults: dict[int, list[float]] = {1: [], 2: []}
+            with_replicas: dict[int, list[float]] = {1: [], 2: []}
             loads = {}
             _, nbytes, echo_iters = _echo_of(case)
             for _ in range(repeats):
@@ -229,6 +235,17 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
                     loads[servers] = per_rank[0][1]
                     if per_rank[0][2] is not None:
                         faults[servers].append(max(f for _, _, f in per_rank))
+                    # The same with every server replicated on the other worker.
+                    per_rank = run(
+                        _ranks,
+                        num_workers=2,
+                        num_servers=servers,
+                        replicas=2,
+                        cluster=handle,
+                        args=(case, max(5, iters // scale)),
+                    )
+                    with_replicas[servers].append(max(t for t, _, _ in per_rank))
+            replicated[case] = {n: median(ts) for n, ts in with_replicas.items()}
             rows.append(
                 (
                     case,
@@ -270,6 +287,12 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
             f"{t1 / dflt:>12.2f}{t2 / dflt:>12.2f}"
         )
     print()
+    print("replicas = 2 (each server's backup on the other worker), ms and ratio to replicas = 1:")
+    print(f"{'case':<12}{'S=1 R=2':>10}{'S=2 R=2':>10}{'S=1 R2/R1':>11}{'S=2 R2/R1':>11}")
+    for case, t1, t2, *_ in rows:
+        r1, r2 = replicated[case][1], replicated[case][2]
+        print(f"{case:<12}{r1 * 1e3:>10.2f}{r2 * 1e3:>10.2f}{r1 / t1:>11.2f}{r2 / t2:>11.2f}")
+    print()
     print("per-server traffic per iteration (MiB in / out, from the servers' byte counters):")
     for case, *_, loads, _ in rows:
         if loads[1] is None:
@@ -291,4 +314,11 @@ def main(quick: bool = False, dask_malloc: bool = False, repeats: int = 3) -> No
 
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv, dask_malloc="--dask-malloc" in sys.argv)
+    # --only=16MiB x1,tiny runs those cases; --repeats=5 runs each 5 times
+    options = dict(a.removeprefix("--").split("=", 1) for a in sys.argv[1:] if "=" in a)
+    main(
+        quick="--quick" in sys.argv,
+        dask_malloc="--dask-malloc" in sys.argv,
+        repeats=int(options.get("repeats", 3)),
+        only=options["only"].split(",") if "only" in options else None,
+    )

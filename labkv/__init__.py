@@ -30,8 +30,9 @@ def create(name: str = "local", **kwargs: Any) -> KVStore:
     Dask, ``'dist_sync'``, ``'dist_async'``, ``'dist_device_sync'``,
     ``'dist_async_device'`` or ``'dist_ssp'`` (bounded staleness), whose keyword
     arguments (``cluster``, ``num_servers``, ``bigarray_bound``, ``timeout``,
-    ``server_workers``, ``server_device``, ``staleness``) are those of
-    :func:`labkv.cluster.create_store`.
+    ``server_workers``, ``server_device``, ``staleness``, ``replicas``) are those
+    of :func:`labkv.cluster.create_store`; ``replicas=2`` keeps a copy of every
+    server on another Dask worker, so that training goes on when one dies.
 
     Names are case-insensitive, and every name MXNet 1.9.1 gives a local or
     dist store works too (``'local_allreduce_cpu'``, ``'local_update_cpu'``,
@@ -44,6 +45,8 @@ def create(name: str = "local", **kwargs: Any) -> KVStore:
     'local_allreduce_device'
     >>> create("dist_sync", num_servers=2, server_device="cpu")  # doctest: +SKIP
     <labkv.KVStore type='dist_sync' rank=0/1 servers=2 keys=0 id=dist_sync-...>
+    >>> create("dist_async", num_servers=2, replicas=2).num_servers  # doctest: +SKIP
+    2
     """
     kind = store_kind(name)
     if kind in LOCAL_KINDS:

@@ -146,6 +146,14 @@ class Shard:
         sum_into(buffer, values)
         return buffer
 
+    def merged(self, key: Key) -> Any:
+        """The sum the last update of ``key`` used (its merge buffer; with no
+        updater, the stored value itself): what a replica applies to make the
+        same update (``apply([(key, [merged])])`` gives the same bits)."""
+        if self.optimizer is None and self.updater is None:
+            return self.values[key]
+        return self._merge_buffers[key]
+
     def apply(self, batch: Sequence[tuple[Key, Sequence[Any]]]) -> None:
         """Apply one push: for every ``(key, values)``, add up ``values`` and
         update the key once (see module doc). Keys must be initialised and

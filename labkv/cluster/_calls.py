@@ -17,6 +17,7 @@ Choices made here, and why:
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from ._errors import ClusterError
 from ._holding import Holding
 from ._pack import sealable
+from ._replicas import is_lost, kept_copy
 from ._transport import ServerLink, wait_all
 from ._wire import Pull, Push, encode
 
@@ -50,6 +52,9 @@ class Calls:
         loop = links[0].loop if links else None
         self.holding = None if loop is None else Holding(self._send_push, loop)
         self.closed: str | None = None  # why no call may be made any more
+        # Replicated servers (see _replicas): pushes are kept until acknowledged,
+        # and a call that finds its primary lost fails over and is made again.
+        self.replicated = any(getattr(link, "replicated", False) for link in links)
 
     def call(self, s: int, method: str, *args: Any) -> Any:
         """Call ``method(*args)`` on server ``s`` after sending the held pushes,
@@ -70,7 +75,59 @@ class Calls:
     def wait(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
         """Results of in-flight calls ``(server, future)``, in order."""
         links = self.links
+        if self.replicated:
+            return self._wait_replicated(calls, what)
         return wait_all([(links[s], f) for s, f in calls], what, self.timeout, self.on_server_error)
+
+    def _wait_replicated(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
+        """:meth:`wait` with failover: a call whose primary is lost waits for the
+        failover (the kept pushes replayed), then is made again on the new
+        primary (a push not: the replay carried it)."""
+        results, first_error = [], None
+        for s, future in calls:
+            link = self.links[s]
+            while True:
+                try:
+                    waited = wait_all([(link, future)], what, self.timeout, self.on_server_error)
+                    results.append(waited[0])
+                    break
+                except Exception as exc:
+                    if not (is_lost(exc) and getattr(link, "replicated", False)):
+                        first_error = first_error or exc
+                        results.append(None)
+                        break
+                generation = getattr(future, "generation", link.generation)
+                try:
+                    link.fail_over(self.sender, self.sent[s], generation, self.timeout)
+                except Exception as exc:
+                    first_error = first_error or exc
+                    results.append(None)
+                    break
+                future = self._again(link, future)
+                if future is None:
+                    results.append(None)
+                    break
+        for link in self.links:
+            if getattr(link, "stale", False):
+                with contextlib.suppress(Exception):  # a lost primary: the next call fails over
+                    link.refresh(self.timeout)
+            if (
+                getattr(link, "replicated", False) and link.short()
+            ):  # no worker was free to seed a replica on: look again
+                link.on_failover(link.sid, None, link.addresses())
+        if first_error is not None:
+            raise first_error
+        return results
+
+    @staticmethod
+    def _again(link: ServerLink, future: Any) -> Any:
+        """The call of ``future`` made again after a failover (None for a push)."""
+        method, args = getattr(future, "method", "push"), getattr(future, "args", ())
+        if method == "push":
+            return None
+        if method == "pull":  # the pushes it carried were replayed with the others
+            args = (args[0]._replace(pushes=()),)
+        return link.call(method, *args)
 
     def all(self, method: str, *args: Any) -> list[Any]:
         """``method(*args)`` on every server; their results by server id."""
@@ -82,10 +139,21 @@ class Calls:
         self.sent[s] += 1
         return seq
 
-    def push(self, messages: list[tuple[int, Push]], wait: bool) -> None:
+    def push(self, messages: list[tuple[int, Push]], wait: bool, keep_copies: bool = False) -> None:
         """Send one push message per server; ``wait``: until all have been applied.
-        Not waited for: held when that helps (see module doc), else in flight."""
-        calls, hold = [], []
+        Not waited for: held when that helps (see module doc), else in flight.
+        Replicated servers: each push is kept until acknowledged; with
+        ``keep_copies``, a waited-for push (it lends the caller's arrays) is kept
+        as a copy, made while it travels (the caller cannot change its arrays
+        before ``push`` returns). Not towards a primary in this process: if that
+        one is lost, so is this rank."""
+        calls, hold, lent = [], [], []
+        if self.replicated:
+            for s, msg in messages:
+                if wait and keep_copies and not self.links[s].same_process:
+                    lent.append((s, msg))
+                else:
+                    self.links[s].keep(msg.header.seq, msg)
         for s, msg in messages:
             # Held: a copied push to a server in this process, or one that travels
             # as one frame (folded into a pull, it keeps that pull one pickled frame).
@@ -98,7 +166,12 @@ class Calls:
                     continue
             calls.append((s, self.call(s, "push", msg)))
         for s, msg in hold:  # after the calls above: call() sends what was held first
-            self.inflight.append((s, self.holding.hold(s, msg)))
+            held = self.holding.hold(s, msg)
+            if self.replicated:
+                held.generation = self.links[s].generation
+            self.inflight.append((s, held))
+        for s, msg in lent:
+            self.links[s].keep(msg.header.seq, kept_copy(msg))
         if wait:
             self.flush()
             self.wait(calls, "push")

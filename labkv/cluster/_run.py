@@ -35,8 +35,16 @@ from ._device import parse_server_device
 from ._errors import TIMEOUTS, ClusterError
 from ._events import EventStream, topic_of
 from ._placement import DEFAULT_BIGARRAY_BOUND
+from ._replicas import replicated_links
+from ._reseed import heal
 from ._rounds import check_staleness
-from ._servers import DEFAULT_TIMEOUT_S, StoreSpec, check_cluster_args, start_servers
+from ._servers import (
+    DEFAULT_TIMEOUT_S,
+    StoreSpec,
+    check_cluster_args,
+    check_replicas,
+    start_servers,
+)
 from ._store import DistStore
 from ._transport import ActorLink
 
@@ -116,9 +124,10 @@ def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> 
 def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reason: str) -> None:
     """Wake every waiting rank with an error (best effort: servers may be gone)."""
     calls = []
-    for s, actor in enumerate(servers):
+    for s, actor in enumerate(servers):  # with replicas: every replica, replica-major
+        address = getattr(actor, "_address", None) or spec.server_addresses[s % spec.num_servers]
         with contextlib.suppress(Exception):  # its worker may be gone
-            calls.append(ActorLink(s, spec.server_addresses[s], actor).call("abort", reason))
+            calls.append(ActorLink(s, address, actor).call("abort", reason))
     distributed.Event(abort_name(spec.group), client=client).set()
     for call in calls:
         with contextlib.suppress(Exception):
@@ -131,13 +140,27 @@ def _watch(
     rank_workers: list[str],
     spec: StoreSpec,
     servers: list[Any],
+    reseeded: list[Any],
 ) -> list[tuple[Any, int]]:
     client = handle.client
+    links = replicated_links(spec, handle, None) if spec.replicas > 1 else []
+    seen: set[str] = set(handle.workers())
+
+    def servers_lost(live: set[str]) -> list[int]:
+        if not links:
+            return [s for s, w in enumerate(spec.server_addresses) if w not in live]
+        # Replicated: a lost worker costs a failover and a re-seed, not the run;
+        # the watcher promotes at once, so the ranks find the new primary ready.
+        if live == seen:
+            return []
+        seen.clear()
+        seen.update(live)
+        return heal(handle, spec, links, reseeded, tuple(rank_workers))
 
     def lost_workers() -> str | None:
         live = set(handle.workers())
         lost_ranks = [r for r, w in enumerate(rank_workers) if w not in live]
-        lost_servers = [s for s, w in enumerate(spec.server_addresses) if w not in live]
+        lost_servers = servers_lost(live)
         if not (lost_ranks or lost_servers):
             return None
         gone = sorted(
@@ -195,6 +218,7 @@ def run(
     bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
     server_device: str = "auto",
     staleness: int | None = None,
+    replicas: int = 1,
 ) -> list[Any]:
     """Run ``fn(kv, *args, **kwargs)`` as ``num_workers`` ranks, one pinned
     Dask task per worker, all on the same servers; the results in rank order.
@@ -210,13 +234,19 @@ def run(
     size from which values are sliced across servers; ``server_device`` where
     new servers keep their values (``'auto'``: a GPU when their worker has one;
     see ``labkv.create``); ``staleness`` the bound of a new ``'dist_ssp'``
-    store (a shared store keeps its own).
+    store (a shared store keeps its own); ``replicas`` how many copies of each
+    new server live on different workers: with 2 or more, the run survives
+    the loss of a worker that hosts only servers (the next replica takes
+    over, a new one is seeded, nothing acknowledged is lost).
 
     >>> from labkv.cluster import connect, run
     >>> def train(kv):
     ...     kv.init(0, np.zeros(2)); kv.push(0, np.full(2, kv.rank + 1.0)); return kv.pull(0)
     >>> with connect(n_workers=2) as handle:  # doctest: +SKIP
     ...     run(train, num_workers=2, cluster=handle)
+    [array([3., 3.]), array([3., 3.])]
+    >>> with connect(n_workers=3) as handle:  # doctest: +SKIP
+    ...     run(train, num_workers=2, cluster=handle, num_servers=1, replicas=2)
     [array([3., 3.]), array([3., 3.])]
     """
     kwargs = dict(kwargs or {})
@@ -229,11 +259,17 @@ def run(
                 "staleness is set when a 'dist_ssp' store is made; a shared store keeps "
                 f"its own ({kvstore.staleness!r})"
             )
+        if replicas != 1:
+            raise ValueError(
+                "replicas are set when a store is made; a shared store keeps its own "
+                f"({kvstore.spec.replicas})"
+            )
         handle = kvstore.handle
     else:
         kind = dist_kind(kvstore)
         check_cluster_args(cluster, timeout)
         staleness = check_staleness(kind, staleness)
+        replicas = check_replicas(kind, replicas)
         parse_server_device(server_device)
         handle = cluster if cluster is not None else default_handle()
     workers = handle.workers()
@@ -248,6 +284,7 @@ def run(
     client = handle.client
     group = f"labkv-barrier-{uuid.uuid4().hex[:8]}"
     futures_to_release = None
+    reseeded: list[Any] = []  # replicas started after a loss, released with the run's
     if shared:
         kvstore.flush()
         spec, servers = kvstore.spec, kvstore.servers
@@ -265,6 +302,7 @@ def run(
             bigarray_bound,
             name=kvstore.lower(),
             staleness=staleness,
+            replicas=replicas,
         )
     spec = dataclasses.replace(spec, group=group)  # this run's own barrier
     rank_workers = workers[:num_workers]
@@ -276,7 +314,9 @@ def run(
             _rank_main,
             fn,
             spec,
-            servers,
+            # Replicated: no actor handles as arguments (a rank reaches its servers
+            # by address and key), else Dask fails the rank when one actor's worker dies.
+            [] if spec.replicas > 1 else servers,
             rank,
             num_workers,
             not shared and rank == 0,
@@ -293,7 +333,7 @@ def run(
     ok = False
     try:
         with client.as_current():  # distributed.wait looks for "the current client"
-            out = _watch(handle, futures, rank_workers, spec, servers)
+            out = _watch(handle, futures, rank_workers, spec, servers, reseeded)
         ok = True
     finally:
         if shared:
@@ -304,6 +344,7 @@ def run(
                     raise
         else:
             client.cancel(futures_to_release)
+        client.cancel(reseeded)
         with contextlib.suppress(Exception):
             clear_barrier(
                 client, group, num_workers, [g for _, g in out] if ok else [2] * num_workers

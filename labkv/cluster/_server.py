@@ -50,6 +50,7 @@ from ._device import (
 from ._errors import answered
 from ._events import EventStream
 from ._pack import PACK_BELOW
+from ._replication import Replication
 from ._rounds import (
     Clocks,
     Failure,
@@ -82,7 +83,7 @@ Key = int | str
 _COPY_BELOW = 1 << 20
 
 
-class Server(Updates, ServerEvents, ServerControl):
+class Server(Updates, Replication, ServerEvents, ServerControl):
     """The server actor (see module doc); made by :func:`labkv.cluster._servers.start_servers`."""
 
     sid: int = 0  # declared on the class so that remote attribute reads work
@@ -201,7 +202,7 @@ class Server(Updates, ServerEvents, ServerControl):
 
     # -- push and pull ----------------------------------------------------------
     @answered
-    async def push(self, msg: Push | tuple | bytes) -> None:
+    async def push(self, msg: Push | tuple | bytes) -> tuple | None:
         """One :class:`~._wire.Push` (as :func:`~._wire.encode` made it): the
         ``seq``-th push of ``sender``, its values read with this server's piece
         shapes (see :func:`~._wire.push_items`). ``borrowed``: the big arrays
@@ -219,6 +220,8 @@ class Server(Updates, ServerEvents, ServerControl):
                     raise KeyError(f"key {key!r} is not initialised on server {self.sid}")
             items = push_items(push, self._piece_spec)
             self.bytes_in += sum(v.nbytes for _, v in items)  # as they travelled
+            if self.group is not None:  # a resend after a failover is applied once
+                items = [(k, v) for k, v in items if not self._already_applied(sender, k, seq)]
             if codes is not None:
                 items = self._decompressed(items, codes)
             if self.sync:
@@ -234,7 +237,10 @@ class Server(Updates, ServerEvents, ServerControl):
                     for key, value in queued:
                         self._queue_update(sender, seq, key, value)
                 try:
-                    self.shard.apply([(k, [v]) for k, v in items])
+                    if self.group is None:
+                        self.shard.apply([(k, [v]) for k, v in items])
+                    else:
+                        self._issue_push(sender, seq, items)
                 except Exception as exc:
                     keys = [k for k, _ in items]
                     failure = self._failure(exc, keys, {sender: dict.fromkeys(keys, seq)})
@@ -244,8 +250,14 @@ class Server(Updates, ServerEvents, ServerControl):
         finally:
             if self.clocks is not None:
                 self._ticked(sender, rank, keys)
-            self.next_seq[sender] = seq + 1
+            if self.next_seq.get(sender, 0) <= seq:  # a resend may come after later pushes
+                self.next_seq[sender] = seq + 1
             self._wake()
+        if self.group is not None:
+            if h.big:  # the rank waits for this push: acknowledge it at once
+                await self._replicated()
+            return self._reply(sender)
+        return None
 
     def _piece_spec(self, key: Key) -> tuple[Any, tuple[int, ...]]:
         """``(dtype, shape)`` of the stored piece of ``key``."""
@@ -363,6 +375,8 @@ class Server(Updates, ServerEvents, ServerControl):
             failed = self.rounds[key].report_to(sender)
             if failed is not None:
                 raise failed
+        if self.group is not None:
+            await self._replicated()
         values = [self.shard.read(key) for key in keys]
         self.bytes_out += sum(v.nbytes for v in values)
         # Small values are packed: one copy to the host for all of them.
@@ -372,6 +386,8 @@ class Server(Updates, ServerEvents, ServerControl):
             if keys[i] not in own_round or value.nbytes < _COPY_BELOW:
                 value = host_copy(value)
             reply.bigs[n] = host_view(value)
+        if self.group is not None:
+            return self._reply(sender, encode(reply))
         return encode(reply)
 
     # -- events -----------------------------------------------------------------

@@ -46,6 +46,10 @@ class StoreSpec:
     name: str = ""
     #: dist_ssp: how many rounds a rank may run ahead of the slowest (None otherwise)
     staleness: int | None = None
+    #: how many replicas each server has (on different workers; see _replication)
+    replicas: int = 1
+    #: per server id, its replicas as ``(worker address, actor key)``, primary first
+    replica_members: list = field(default_factory=list)
 
     @property
     def sync(self) -> bool:
@@ -64,6 +68,7 @@ def start_servers(
     store_id: str | None = None,
     name: str | None = None,
     staleness: int | None = None,
+    replicas: int = 1,
 ) -> tuple[list[Any], list[Any], StoreSpec]:
     """Start ``num_servers`` server actors of a new store (``store_id``, made
     from ``kind`` by default) round-robin on ``workers`` (default: all, sorted),
@@ -71,7 +76,10 @@ def start_servers(
     ``(futures, actors, spec)``; ``name`` is the type name the user gave,
     ``staleness`` a dist_ssp store's bound.
 
-    Actors are pinned (``allow_other_workers=False``): a server's keys live in
+    With ``replicas`` R > 1 each server id has R actors on R different workers
+    (replica r of server s on worker ``s + r``, round-robin), the first its
+    primary; ``actors`` are then the primaries, and ``spec.replica_members``
+    names them all. Actors are pinned (``allow_other_workers=False``): a server's keys live in
     its worker's memory, so Dask must never move or re-run it elsewhere. A
     server that cannot start (no GPU for ``device='gpu'``), or does not start
     within ``timeout`` (its worker gone), fails the call, and the servers
@@ -82,25 +90,18 @@ def start_servers(
     workers = workers or handle.workers()
     if not workers:
         raise ClusterError("the Dask cluster has no workers to host servers")
-    addresses = [workers[s % len(workers)] for s in range(num_servers)]
-    futures = [
-        client.submit(
-            Server,
-            s,
-            store_id,
-            num_workers,
-            kind in SYNC_KINDS,
-            timeout,
-            topic_of(store_id),
-            device,
-            staleness,
-            actor=True,
-            workers=[addresses[s]],
-            allow_other_workers=False,
-            pure=False,
-            key=f"labkv-server-{store_id}-{s}",
+    if replicas > len(workers):
+        raise ClusterError(
+            f"replicas={replicas} needs {replicas} Dask workers (each replica of a server "
+            f"on its own); the cluster has {len(workers)}: {workers}"
         )
-        for s in range(num_servers)
+    addresses = [workers[s % len(workers)] for s in range(num_servers)]
+    where = [
+        (s, r, workers[(s + r) % len(workers)]) for r in range(replicas) for s in range(num_servers)
+    ]
+    futures = [
+        start_server(handle, store_id, kind, s, num_workers, timeout, device, staleness, address, r)
+        for s, r, address in where
     ]
     # The Actor handles bind to "the current client" when they are made; the
     # handle's client need not be Dask's default one (set_as_default=False).
@@ -116,10 +117,18 @@ def start_servers(
             ) from None
         try:
             actors = client.gather(futures)
-            devices = [actor.device_name for actor in actors]
+            devices = [actor.device_name for actor in actors[:num_servers]]
             peers = [(addresses[s], futures[s].key) for s in range(num_servers)]
             for call in [actor.link(peers) for actor in actors]:
                 call.result(timeout=timeout)
+            members = [
+                [(a, futures[i].key) for i, (t, _, a) in enumerate(where) if t == s]
+                for s in range(num_servers)
+            ]
+            if replicas > 1:
+                calls = [actor.join_group(members[s], r) for actor, (s, r, _) in zip(actors, where)]
+                for call in calls:
+                    call.result(timeout=timeout)
         except Exception as exc:
             client.cancel(futures)
             raise ClusterError(f"the servers of {store_id} could not start: {exc}") from exc
@@ -133,8 +142,55 @@ def start_servers(
         server_devices=devices,
         name=name or kind,
         staleness=staleness,
+        replicas=replicas,
+        replica_members=members if replicas > 1 else [],
     )
     return futures, actors, spec
+
+
+def start_server(
+    handle: ClusterHandle,
+    store_id: str,
+    kind: str,
+    sid: int,
+    num_workers: int,
+    timeout: float,
+    device: str,
+    staleness: int | None,
+    address: str,
+    replica: int = 0,
+) -> Any:
+    """The future of one server actor (``replica`` r > 0: a backup of server
+    ``sid``), pinned to the worker at ``address``."""
+    suffix = "" if replica == 0 else f"-r{replica}"
+    return handle.client.submit(
+        Server,
+        sid,
+        store_id,
+        num_workers,
+        kind in SYNC_KINDS,
+        timeout,
+        topic_of(store_id),
+        device,
+        staleness,
+        actor=True,
+        workers=[address],
+        allow_other_workers=False,
+        pure=False,
+        key=f"labkv-server-{store_id}-{sid}{suffix}",
+    )
+
+
+def check_replicas(kind: str, replicas: Any) -> int:
+    """``replicas`` checked: a positive int; more than 1 only for the types
+    replication covers (not ``dist_ssp``)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be a positive int, got {replicas!r}")
+    if replicas > 1 and kind == "dist_ssp":
+        raise ValueError(
+            "replicas > 1 is not available for 'dist_ssp' stores (only dist_sync and dist_async)"
+        )
+    return replicas
 
 
 def check_cluster_args(cluster: Any, timeout: Any) -> None:
@@ -160,6 +216,7 @@ def create_store(
     server_workers: list[str] | None = None,
     server_device: str = "auto",
     staleness: int | None = None,
+    replicas: int = 1,
 ) -> DistStore:
     """A ``dist_*`` store for this process (rank 0 of 1): what
     ``labkv.create('dist_sync', cluster=handle, num_servers=S)`` calls.
@@ -175,16 +232,23 @@ def create_store(
     ``'gpu(i)'`` (see ``kv.placement()``). ``staleness`` (``'dist_ssp'``
     only, required there): a pull by a rank that has pushed a key ``c`` times
     waits until every rank has pushed it ``c - staleness`` times (0: as
-    dist_sync; large: as dist_async); see ``docs/cluster.md``.
+    dist_sync; large: as dist_async); see ``docs/cluster.md``. ``replicas``:
+    how many copies of each server live on different workers (default 1);
+    with 2 or more, losing a server's worker loses nothing acknowledged: its
+    backup takes over, and ``kv.placement()`` names every piece's replicas.
 
     >>> import labkv
     >>> kv = labkv.create("dist_sync", cluster=handle, num_servers=2)  # doctest: +SKIP
     >>> kv.rank, kv.num_workers  # doctest: +SKIP
     (0, 1)
+    >>> kv = labkv.create("dist_sync", cluster=handle, num_servers=1, replicas=2)  # doctest: +SKIP
+    >>> kv.init(0, np.zeros(2)); kv.placement()[0][0]["replicas"]  # doctest: +SKIP
+    ['tcp://127.0.0.1:40001', 'tcp://127.0.0.1:40002']
     """
     kind, name = dist_kind(kind), kind.lower()
     check_cluster_args(cluster, timeout)
     staleness = check_staleness(kind, staleness)
+    replicas = check_replicas(kind, replicas)
     if num_servers is not None and (not isinstance(num_servers, int) or num_servers < 1):
         raise ValueError(f"num_servers must be a positive int, got {num_servers!r}")
     if int(bigarray_bound) < 1:
@@ -204,7 +268,15 @@ def create_store(
         bigarray_bound,
         name=name,
         staleness=staleness,
+        replicas=replicas,
     )
     return DistStore(
-        spec, actors, 0, 1, owner=True, handle=handle, release=lambda: handle.client.cancel(futures)
+        spec,
+        actors[:num_servers],
+        0,
+        1,
+        owner=True,
+        handle=handle,
+        release=lambda: handle.client.cancel(futures),
+        replica_actors=actors,
     )

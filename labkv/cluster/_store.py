@@ -39,6 +39,8 @@ from ._connect import ClusterHandle
 from ._errors import ClusterError
 from ._events import ClusterBus, topic_of
 from ._placement import Piece, place
+from ._replicas import check_replicated_updater, replicated_links
+from ._reseed import replica_lost
 from ._server import Server
 from ._transport import ActorLink, ServerLink, on_client_loop, rank_links
 from ._wire import InitItem, decode_values, values_items
@@ -68,6 +70,7 @@ class DistStore(KVStore):
         handle: ClusterHandle | None = None,
         release: Callable[[], None] | None = None,
         links: list[ServerLink] | None = None,
+        replica_actors: list[Any] | None = None,
     ):
         super().__init__(spec.kind, spec.name or spec.kind)
         self._id = spec.store_id
@@ -80,11 +83,14 @@ class DistStore(KVStore):
             self.events = EventBus(self._id)
         if links is None:
             addresses = spec.server_addresses
-            if handle is not None:
+            if spec.replicas > 1:
+                links = replicated_links(spec, handle, replica_actors, self._failed_over)
+            elif handle is not None:
                 links = [ActorLink(s, a, x) for s, (a, x) in enumerate(zip(addresses, servers))]
             else:  # a rank: servers on its own Dask worker are called in-process
                 links = rank_links(addresses, servers, Server)
         self._links = links
+        self._reseeded: list[Any] = []  # futures of replicas started after a failover
         self._calls = Calls(links, spec.timeout, self._restore_residuals)
         self._pieces: dict[Key, list[Piece]] = {}
         self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
@@ -192,6 +198,17 @@ class DistStore(KVStore):
                 self._compression.restore(undo[0])
                 del self._residual_undo[key]
 
+    def _check_replicated_updater(self, updater: Callable | None, pieces: dict) -> None:
+        if self._spec.replicas > 1:
+            check_replicated_updater(updater, pieces)
+
+    def _failed_over(self, sid: int, old: str | None, replicas: list[str]) -> None:
+        """Server ``sid`` lost a replica (see :func:`._reseed.replica_lost`)."""
+        link = self._links[sid]
+        if old is not None and self._handle is not None and self.events.active:
+            self._set_streaming(True)  # the new primary streams its events too
+        replica_lost(self.events, self._rank, self._handle, self._spec, link, old, self._reseeded)
+
     # -- keys ------------------------------------------------------------------------
     def _learn(self, key: Key, shape: tuple, dtype: Any) -> None:
         size = int(np.prod(shape, dtype=np.int64))
@@ -216,6 +233,7 @@ class DistStore(KVStore):
         placed = {
             k: place(k, int(a.size), self.num_servers, self._spec.bigarray_bound) for k, a in items
         }
+        self._check_replicated_updater(self._updater, placed)
         per_server: dict[int, list] = defaultdict(list)
         if self._owner:
             for key, array in items:
@@ -240,6 +258,7 @@ class DistStore(KVStore):
         compression = self._compression
         per_server, nbytes = messages.per_server(items, self._meta, self._pieces, compression)
         wait = nbytes >= ACK_ABOVE
+        links = self._links
         msgs = [
             (
                 s,
@@ -248,13 +267,15 @@ class DistStore(KVStore):
                     batch,
                     self._meta,
                     copy=not wait,
-                    same_process=self._links[s].same_process,
+                    same_process=links[s].same_process,
                     compression=compression,
                 ),
             )
             for s, batch in per_server.items()
         ]
-        calls.push(msgs, wait)
+        # A replicated dist_sync push is kept until its round is acknowledged, after
+        # the push returns: a big one lent to the server is copied to be kept.
+        calls.push(msgs, wait, keep_copies=self._spec.replicas > 1 and self._spec.sync)
 
     def _pull_impl(self, items: Items) -> None:
         per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
@@ -289,6 +310,7 @@ class DistStore(KVStore):
 
     # -- updaters, optimizers, states -------------------------------------------------
     def _set_updater_impl(self, updater: Callable) -> None:
+        self._check_replicated_updater(updater, self._pieces)
         blob = messages.pickled_updater(updater)  # refused here if it cannot travel
         if self._owner:
             self._all_servers("set_updater", blob)
@@ -320,9 +342,16 @@ class DistStore(KVStore):
         pieces ``{'server': s, 'device': 'cpu(0)@<worker address>', 'start': a,
         'stop': b}`` (flat element offsets; one piece, or one slice per server
         for values of at least ``bigarray_bound`` elements)."""
-        return messages.placement_table(
+        table = messages.placement_table(
             self._pieces, self._meta, self._spec.server_devices, self._spec.server_addresses
         )
+        if self._spec.replicas > 1:  # the workers of each piece's replicas, primary first
+            for pieces in table.values():
+                for piece in pieces:
+                    link = self._links[piece["server"]]
+                    piece["replicas"] = link.addresses()
+                    piece["device"] = piece["device"].split("@")[0] + "@" + link.address
+        return table
 
     def server_load(self) -> list[dict[str, Any]]:
         """Per server: its device, bytes in/out so far, keys and bytes held,
@@ -371,6 +400,7 @@ class DistStore(KVStore):
                 self._handle.client.unsubscribe_topic(topic_of(self._id))
             release, self._release = self._release, None
             release()
+            self._handle.client.cancel(self._reseeded)
 
     def __enter__(self) -> DistStore:
         return self

@@ -73,10 +73,12 @@ class ServerLink:
 
     def lost_error(self, exc: BaseException) -> ClusterError:
         """The error a call to a lost server raises."""
-        return ClusterError(
+        error = ClusterError(
             f"server {self.sid} on Dask worker {self.address} is lost "
             f"(its keys' values and optimizer states are gone): {exc}"
         )
+        error._labkv_lost = True  # not an answer: a replicated link fails over
+        return error
 
     def raise_if_lost(self) -> None:
         why = self.lost()
@@ -206,6 +208,12 @@ async def execute_on(worker: Any, address: str, actor_key: str, method: str, arg
     raise reply["exception"]
 
 
+async def workers_of(worker: Any) -> set[str]:
+    """The addresses of the workers the scheduler has now, asked from ``worker``."""
+    info = await worker.scheduler.identity()
+    return set(info.get("workers", {}))
+
+
 # -- waiting -----------------------------------------------------------------------------
 def wait_all(
     calls: list[tuple[ServerLink, Any]],
@@ -277,6 +285,10 @@ class Host:
     def log_event(self, topic: str, batch: Any) -> None:
         """Publish a batch of events on ``topic``."""
 
+    async def alive(self, address: str) -> bool:
+        """Whether the scheduler still has the worker at ``address``."""
+        return True
+
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
         """An awaitable of ``method(*args)`` on the server ``peer`` (its
         ``(address, actor_key)``), called from the server's loop."""
@@ -295,6 +307,9 @@ class DaskHost(Host):
 
     def log_event(self, topic: str, batch: Any) -> None:
         self.worker.log_event(topic, batch)
+
+    async def alive(self, address: str) -> bool:
+        return address in await workers_of(self.worker)
 
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
         address, actor_key = peer.address, peer.actor_key
@@ -330,6 +345,7 @@ class InProcessLink(ServerLink):
         self.server, self.loop, self.wire = server, loop, wire
         self.same_process = not wire
         self.gone = False
+        self.die_after: str | None = None  # a test's fault: lost once this method ran
 
     def call(self, method: str, *args: Any) -> Any:
         self.raise_if_lost()
@@ -339,6 +355,9 @@ class InProcessLink(ServerLink):
         if self.wire:
             args = pickle.loads(pickle.dumps(_encoded(method, args), protocol=5))
         result = await getattr(self.server, method)(*args)
+        if method == self.die_after:  # applied, but the reply never arrives
+            self.gone = True
+            raise OSError(f"the test cut the link after {method}")
         return pickle.loads(pickle.dumps(result, protocol=5)) if self.wire else result
 
     def lost(self) -> str | None:
@@ -355,16 +374,22 @@ class InProcessServers:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.host = InProcessHost()
-
-        async def start() -> list[Any]:
-            return [make(s, self.host) for s in range(num_servers)]
-
-        self.servers = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
-        peers = [("in-process", f"server-{s}") for s in range(num_servers)]
-        for s, server in enumerate(self.servers):
-            self.host.servers[peers[s][1]] = server
+        self.wire = wire
+        names = [f"server-{s}" for s in range(num_servers)]
+        self.servers = self.start(make, list(range(num_servers)), names)
+        peers = [("in-process", name) for name in names]
         self.links = [InProcessLink(s, sv, self.loop, wire) for s, sv in enumerate(self.servers)]
         wait_all([(link, link.call("link", peers)) for link in self.links], "link", 5.0)
+
+    def start(self, make: Callable[[int, Host], Any], sids: list[int], names: list[str]) -> list:
+        """Servers ``make(sid, host)`` on the loop, found by the host as ``names``."""
+
+        async def start() -> list[Any]:
+            return [make(s, self.host) for s in sids]
+
+        servers = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
+        self.host.servers.update(zip(names, servers, strict=True))
+        return servers
 
     def close(self) -> None:
         """Cancel what still runs on the loop, then stop the loop and its thread."""

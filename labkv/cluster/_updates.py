@@ -46,6 +46,8 @@ class Updates:
         it commits when every server of the key has prepared its slice (see
         :meth:`_vote`). If the update fails, the completing push (``sender``'s)
         gets the error now and the other ranks at their next pull of the keys."""
+        if self.group is not None:
+            return self._complete_replicated(keys, sender)
         rounds = {k: self.rounds[k] for k in keys}
         batch = [(k, [rounds[k].pending[q] for q in sorted(rounds[k].pending)]) for k in keys]
         deferred = [k for k in keys if k in self.sliced and self.shard.updater is not None]

@@ -28,6 +28,7 @@ shape, with :func:`piece_specs` on both sides.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -232,3 +233,35 @@ def pack_values(
             positions.append(i)
             bigs.append(big(value))
     return Values(positions, small(smalls) if smalls else None, bigs)
+
+
+# -- a replicated server's log entries (see _replication) ---------------------------------
+def encode_entry(index: int, updates: list[tuple[Key, Any]], pushes: list[tuple]) -> tuple:
+    """A log entry as it travels: ``(index, small, bigs)``, the pushes and the
+    values under ``PACK_BELOW`` bytes pickled into one ``bytes`` (Dask would
+    serialise a list of 200 small arrays one by one), the big values as their
+    own frames."""
+    big = [i for i, (_, v) in enumerate(updates) if v is not None and v.nbytes >= PACK_BELOW]
+    small = [u for i, u in enumerate(updates) if i not in big]
+    blob = pickle.dumps((small, big, [updates[i][0] for i in big], pushes), protocol=5)
+    return index, blob, [updates[i][1] for i in big]
+
+
+def decode_entry(entry: tuple) -> tuple[int, list[tuple[Key, Any]], list[tuple]]:
+    """The ``(index, updates, pushes)`` of :func:`encode_entry`, updates in their order
+    (an optimizer's update count, read by its schedule, follows that order).
+
+    >>> entry = encode_entry(4, [("a", np.ones(2)), ("b", np.zeros(1 << 14))], [("s", "a", 0)])
+    >>> len(entry[2])  # the big value travels as its own frame
+    1
+    >>> index, updates, pushes = decode_entry(entry)
+    >>> index, [k for k, _ in updates], pushes
+    (4, ['a', 'b'], [('s', 'a', 0)])
+    """
+    index, blob, bigs = entry
+    small, big, big_keys, pushes = pickle.loads(blob)
+    updates, smalls = [], iter(small)
+    placed = dict(zip(big, zip(big_keys, bigs, strict=True), strict=True))
+    for i in range(len(small) + len(big)):
+        updates.append(placed[i] if i in placed else next(smalls))
+    return index, updates, pushes

@@ -1,0 +1,102 @@
+"""What replicas cost: dist_sync push+pull with ``replicas=2`` against ``replicas=1``,
+measured in alternating blocks inside the same ranks.
+
+    python bench/replicas.py [--quick]
+
+W = 2 ranks on an embedded 2-worker LocalCluster (so every backup is on the
+other worker). Two stores with the same servers count S are made beside each
+other, one with ``replicas=1`` and one with ``replicas=2``; each rank then runs
+blocks of iterations on one store and then the other, many times, and the
+table gives the median time per iteration of each and the median of the
+per-block-pair ratios. Alternating blocks makes the ratio robust to the load
+of a shared machine drifting during the run, which ``bench/dist.py``'s
+separate runs are not. A benchmark, not a test: it prints, it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from statistics import median
+
+import numpy as np
+
+MIB = 1 << 20
+CASES = {
+    "16MiB x1": ([4 * MIB], 3),
+    "4MiB x4": ([MIB] * 4, 3),
+    "1KiB x200": ([256] * 200, 10),
+    "tiny": ([1], 100),
+}
+
+
+def _ranks(kv, specs, case, pairs):
+    """Alternate blocks on the store with one replica and the one with two;
+    per block pair, the seconds per iteration of each."""
+    from labkv.cluster._store import DistStore
+
+    sizes, block = CASES[case]
+    stores = [
+        DistStore(spec, servers, kv.rank, kv.num_workers, owner=kv.rank == 0)
+        for spec, servers in specs
+    ]
+    keys = list(range(len(sizes)))
+    grads = [np.ones(n, dtype=np.float32) for n in sizes]
+    outs = [np.empty(n, dtype=np.float32) for n in sizes]
+    for store in stores:
+        store.init(keys, [np.zeros(n, dtype=np.float32) for n in sizes])
+        for _ in range(2):
+            store.push(keys, grads)
+            store.pull(keys, out=outs)
+    kv.barrier()
+    times = []
+    for _ in range(pairs):
+        pair = []
+        for store in stores:
+            t = time.perf_counter()
+            for _ in range(block):
+                store.push(keys, grads)
+                store.pull(keys, out=outs)
+            pair.append((time.perf_counter() - t) / block)
+        times.append(pair)
+    return times
+
+
+def main(quick: bool = False) -> None:
+    import labkv
+    from labkv.cluster import connect, run
+
+    pairs = 5 if quick else 15
+    with connect(n_workers=2, dashboard_address=None) as handle:
+        print(
+            "dist_sync, W = 2 ranks, push+pull per iteration; replicas = 2 keeps each "
+            "server's backup on the other worker"
+        )
+        print(f"(median of {pairs} alternating block pairs per case)")
+        print(f"{'case':<12}{'S':>3}{'R=1 ms':>10}{'R=2 ms':>10}{'R=2 / R=1':>11}")
+        for servers in (1, 2):
+            for case in CASES:
+                made = [
+                    labkv.create("dist_sync", cluster=handle, num_servers=servers, replicas=r)
+                    for r in (1, 2)
+                ]
+                for store in made:
+                    store.configure_ranks(2)
+                specs = [
+                    (store.spec, store.servers if r == 1 else []) for r, store in zip((1, 2), made)
+                ]
+                per_rank = run(_ranks, num_workers=2, cluster=handle, args=(specs, case, pairs))
+                # per pair, the slower rank's time (the ranks wait for each other)
+                pair_times = [
+                    [max(rank[i][r] for rank in per_rank) for r in (0, 1)] for i in range(pairs)
+                ]
+                one = median(t[0] for t in pair_times)
+                two = median(t[1] for t in pair_times)
+                ratio = median(t[1] / t[0] for t in pair_times)
+                print(f"{case:<12}{servers:>3}{one * 1e3:>10.2f}{two * 1e3:>10.2f}{ratio:>11.2f}")
+                for store in made:
+                    store.close()
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)

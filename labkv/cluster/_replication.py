@@ -1,0 +1,391 @@
+"""Replicated servers, the server side: primary-backup with an ordered log of updates.
+
+With ``replicas=R`` each server id has R replicas on R different Dask workers;
+the first is the primary, which the ranks call. The primary applies an update
+(a completed dist_sync round, or a dist_async push) as before, then forwards
+it to the backups as one log entry ``(index, [(key, merged)], [(sender, key,
+seq)])``: the *merged* value of each key (the sum of the round's pushes, in the
+stored dtype), which every replica applies with the same ``Shard.apply``, so
+values, optimizer states and update counts stay bit-identical. Backups apply
+entries strictly in index order (:meth:`Replication.replicate` waits for the
+ones before), so the order of updates, and thus the learning-rate schedule
+that reads the update count, is the primary's.
+
+Nothing is acknowledged before every live backup has applied it: a round
+finishes (its pulls may read it, its ranks may push the next one) only when
+its entry is acknowledged, a dist_async pull waits until every entry issued
+before it is, and each push or pull reply tells the sender up to which of
+its pushes everything is applied everywhere (:meth:`Replication._acked`): a
+rank keeps its pushes until then and resends the rest to the next primary
+after a failover. Each entry carries the ``(sender, key, seq)`` of the pushes
+it holds, so a new primary knows what it already applied and a resend is
+applied once (:meth:`Replication._already_applied`).
+
+A mixin of :class:`~._server.Server`; a server with ``group is None`` (R = 1)
+never reaches this code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from ..devices import to_device
+from ..optimizers import Optimizer
+from ._device import host_copy, host_view
+from ._errors import answered
+from ._rounds import pushed_by
+from ._transport import POLL_S
+from ._wire import Peer, decode_entry, encode_entry
+
+Key = int | str
+
+
+def _host(value: Any) -> Any:
+    return None if value is None else host_view(value)
+
+
+class Replication:
+    """Log entries, their acknowledgement, promotion and seeding (see module doc)."""
+
+    group: list[Peer] | None = None  # the replicas, primary first (None: replicas=1)
+
+    def _start_group(self, members: list[Peer], me: int, seeded: bool = True) -> None:
+        self.group = [Peer._make(m) for m in members]
+        self.me = Peer._make(members[me])
+        self.epoch = 0
+        self.issued = 0  # entries applied here (on a backup: the next index it expects)
+        self.acked = 0  # primary: entries every live backup has applied
+        self.seeded = seeded  # a new replica waits for its seed before any entry
+        self.applied_seq: dict[tuple[str, Key], int] = {}  # (sender, key) -> last seq applied
+        self._log: dict[int, tuple[list, Any]] = {}  # index -> (its pushes, then)
+        self._acks: set[int] = set()
+
+    @property
+    def primary(self) -> bool:
+        return self.group is not None and self.group[0] == self.me
+
+    # -- applying an entry (primary and backups alike) ----------------------------------
+    def _apply_entry(self, updates: list[tuple[Key, Any]], pushes: list[tuple]) -> None:
+        """Apply a log entry's updates (a key with value None: its update failed,
+        nothing to apply) and note its pushes as applied."""
+        applied = [(k, [v]) for k, v in updates if v is not None]
+        if applied:
+            self.shard.apply(applied)
+        self._note_pushes(pushes)
+
+    def _note_pushes(self, pushes: list[tuple]) -> None:
+        for sender, key, seq in pushes:
+            if self.applied_seq.get((sender, key), -1) < seq:
+                self.applied_seq[(sender, key)] = seq
+            if self.next_seq.get(sender, 0) <= seq:
+                self.next_seq[sender] = seq + 1
+
+    def _already_applied(self, sender: str, key: Key, seq: int) -> bool:
+        """Whether ``sender``'s ``seq``-th push of ``key`` is applied here, or in
+        the open round: a resend after a failover must not count twice."""
+        if self.applied_seq.get((sender, key), -1) >= seq:
+            return True
+        return self.sync and self.rounds[key].senders.get(sender) == seq
+
+    # -- the primary: issue, forward, acknowledge -----------------------------------
+    def _complete_replicated(self, keys: list[Key], sender: str) -> None:
+        """``_complete`` of a replicated server: the rounds of ``keys`` are applied
+        here and forwarded; they finish (pulls read them, ranks push the next)
+        once every live backup has applied them."""
+        rounds = {k: self.rounds[k] for k in keys}
+        batch = [(k, [r.pending[q] for q in sorted(r.pending)]) for k, r in rounds.items()]
+        try:
+            self.shard.apply(batch)
+        except Exception as exc:  # the round still ends, so no rank waits forever
+            numbers = {k: r.done for k, r in rounds.items()}
+            failure = self._failure(exc, keys, pushed_by(keys, rounds), numbers)
+            self._issue_failed(
+                keys, [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
+            )
+            for key in keys:
+                self._finish(key, failure)
+            raise failure.report_to(sender) from None
+        # The merged values travel by reference: the next round of these keys
+        # cannot complete (and change them) before this entry is acknowledged.
+        updates = [(k, self.shard.merged(k)) for k in keys]
+        pushes = [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
+        self._issue(updates, pushes, lambda: [self._finish(k, None) for k in keys])
+
+    def _issue_push(self, sender: str, seq: int, items: list[tuple[Key, Any]]) -> None:
+        """A dist_async push of a replicated server: applied here and forwarded
+        (its values as they arrived: a backup's ``apply`` of them makes the same
+        bits, and nothing changes them before the entry is sent)."""
+        pushes = [(sender, k, seq) for k, _ in items]
+        try:
+            self.shard.apply([(k, [v]) for k, v in items])
+        except Exception:
+            self._issue_failed([k for k, _ in items], pushes)
+            raise
+        if items:
+            self._issue(items, pushes)
+
+    def _issue_failed(self, keys: list[Key], pushes: list[tuple]) -> None:
+        """Log an update that failed (its updater raised; nothing changed): the
+        backups count its pushes as done and close its rounds, so that a resend
+        after a failover does not run it again."""
+        self._issue([(k, None) for k in keys], pushes)
+
+    def _issue(self, updates: list[tuple[Key, Any]], pushes: list[tuple], then: Any = None) -> int:
+        """Forward ``updates`` (applied here) to the backups; ``then()`` runs once
+        every live backup has applied them (and those before)."""
+        self._note_pushes(pushes)
+        index = self.issued
+        self.issued += 1
+        self._log[index] = (pushes, then)
+        backups = self.group[1:]
+        if not backups:
+            self._entry_acked(index)
+        else:
+            entry = encode_entry(index, [(k, _host(v)) for k, v in updates], pushes)
+            task = asyncio.ensure_future(self._forward(backups, entry))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return index
+
+    async def _forward(self, backups: list[Peer], entry: tuple) -> None:
+        if len(backups) == 1:  # the common case, without a task per backup
+            lost = []
+            try:
+                await self._forward_one(backups[0], entry)
+            except (Exception, asyncio.CancelledError):
+                lost = backups
+        else:
+            calls = [self._forward_one(b, entry) for b in backups]
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            lost = [b for b, out in zip(backups, outcomes, strict=True) if out is not None]
+        if lost:  # a backup that cannot apply an entry is gone: the others carry on
+            self.group = [m for m in self.group if m not in lost]
+            self.epoch += 1
+            if self.bus.active:
+                self.bus.emit("failover", None, server=self.sid, extra=self._replica_extra(lost))
+        self._entry_acked(entry[0])
+
+    async def _forward_one(self, backup: Peer, entry: tuple) -> None:
+        """Send ``entry`` to ``backup``. A call to a dead worker can sit in Dask's
+        connect retries for 30 s, so a reply slower than ``POLL_S`` makes the
+        primary ask the scheduler whether it still has that worker, and give
+        up on it (the call is cancelled) if not."""
+        timer = asyncio.get_running_loop().call_later(
+            POLL_S, self._watch_backup, backup, asyncio.current_task()
+        )
+        try:
+            await self.host.call_peer(backup, "replicate", [entry])
+        finally:
+            timer.cancel()
+
+    def _watch_backup(self, backup: Peer, task: asyncio.Task) -> None:
+        async def watch() -> None:
+            while not task.done():
+                if not await self.host.alive(backup.address):
+                    task.cancel()
+                    return
+                await asyncio.sleep(POLL_S)
+
+        watcher = asyncio.ensure_future(watch())
+        self._tasks.add(watcher)
+        watcher.add_done_callback(self._tasks.discard)
+
+    def _entry_acked(self, index: int) -> None:
+        self._acks.add(index)
+        while self.acked in self._acks:
+            self._acks.discard(self.acked)
+            _, then = self._log.pop(self.acked)
+            self.acked += 1
+            if then is not None:
+                then()
+        self._wake()
+
+    async def _replicated(self) -> None:
+        """Wait until every entry issued so far is applied by every live backup."""
+        upto = self.issued
+        if self.acked < upto:
+            await self._wait(
+                lambda: self.acked >= upto,
+                lambda: f"backups {self._backup_names()} have not applied update {self.acked}",
+            )
+
+    def _acked(self, sender: str) -> int:
+        """``sender``'s pushes before this one are applied on every live replica."""
+        low = self.next_seq.get(sender, 0)
+        for pushes, _ in self._log.values():
+            for s, _, seq in pushes:
+                if s == sender and seq < low:
+                    low = seq
+        if self.sync:
+            for r in self.rounds.values():
+                seq = r.senders.get(sender)
+                if seq is not None and seq < low:
+                    low = seq
+        return low
+
+    def _reply(self, sender: str, payload: Any = None) -> tuple:
+        """A replicated server's push or pull reply: ``(acked, epoch, payload)``."""
+        return (self._acked(sender), self.epoch, payload)
+
+    def _load(self) -> dict[str, Any]:
+        """The server's load (see ``ServerEvents._load``), with its replicas
+        (primary first) when it has some: what the monitor's server table reads."""
+        load = super()._load()
+        if self.group is not None:
+            load["replicas"] = [m.address for m in self.group]
+            load["primary"] = self.primary
+        return load
+
+    def _backup_names(self) -> list[str]:
+        return [m.address for m in self.group[1:]]
+
+    def _replica_extra(self, lost: list[Peer]) -> dict[str, Any]:
+        """A backup was lost (the primary stays): what the event says."""
+        return {
+            "replicas": [m.address for m in self.group],
+            "primary": self.group[0].address,
+            "lost": [m.address for m in lost],
+            "promoted": False,
+        }
+
+    # -- remote methods ---------------------------------------------------------------
+    @answered
+    async def join_group(
+        self, members: list[tuple[str, str]], me: int, seeded: bool = True
+    ) -> None:
+        """This server is replica ``me`` of ``members`` (primary first); a new
+        replica (``seeded=False``) waits for :meth:`seed` before any entry."""
+        self._start_group(members, me, seeded)
+
+    @answered
+    async def replicate(self, entry: tuple) -> None:
+        """A backup applies the primary's log entry ``(index, updates, pushes)``
+        once every entry before it is applied."""
+        index, updates, pushes = decode_entry(entry)
+        await self._wait(
+            lambda: self.seeded and self.issued >= index,
+            lambda: f"update {self.issued} from the primary never arrived (got {index})",
+        )
+        if index < self.issued:
+            return  # already in the state it was seeded with
+        on_device = [
+            (k, None if v is None else to_device(np.asarray(v), self.device)) for k, v in updates
+        ]
+        self._apply_entry(on_device, pushes)
+        if self.sync:
+            for key, _ in updates:
+                self.rounds[key].finish()
+        self.issued = index + 1
+        self._wake()
+
+    @answered
+    async def members(self) -> tuple[int, list[tuple[str, str]]]:
+        """``(epoch, replicas as (address, actor key), primary first)``."""
+        return self.epoch, [tuple(m) for m in self.group]
+
+    @answered
+    async def promote(self, lost: list[tuple[str, str]]) -> tuple[int, list[tuple[str, str]]]:
+        """Become the primary: the replicas in ``lost`` are gone (every one before
+        this one in the group must be). Idempotent: ranks that see the loss at
+        once promote the same replica. The surviving backups are re-seeded from
+        this one (they may have applied an entry this one has not)."""
+        gone = {Peer._make(p) for p in lost}
+        if not self.primary:
+            ahead = self.group[: self.group.index(self.me)]
+            missing = [m.address for m in ahead if m not in gone]
+            if missing:
+                raise RuntimeError(f"replicas {missing} come first and are not known to be lost")
+            self.group = [m for m in self.group if m not in gone]
+            self.acked = self.issued
+            self.epoch += 1
+            for backup in list(self.group[1:]):
+                await self._seed_one(backup)
+        return await self.members()
+
+    @answered
+    async def add_replica(self, peer: tuple[str, str]) -> tuple[int, list[tuple[str, str]]]:
+        """Seed the new replica ``peer`` from this primary and forward it every
+        update from now on."""
+        peer = Peer._make(peer)
+        if peer not in self.group:
+            self.group.append(peer)
+            self.epoch += 1
+            await self._seed_one(peer)
+        return await self.members()
+
+    async def _seed_one(self, peer: Peer) -> None:
+        """Send this replica's whole state to ``peer``: every update issued
+        before the snapshot is in it, every one after is forwarded to it."""
+        try:
+            await self.host.call_peer(peer, "seed", [self._snapshot()])
+        except Exception:
+            self.group = [m for m in self.group if m != peer]
+            self.epoch += 1
+
+    def _snapshot(self) -> dict[str, Any]:
+        shard = self.shard
+        optimizer = None if shard.optimizer is None else shard.optimizer.to_config()
+        states = shard.export_states() if optimizer is not None else None
+        if states is not None:
+            states = (
+                states[0],
+                states[1],
+                {k: tuple(map(host_copy, s)) for k, s in states[2].items()},
+            )
+        return {
+            "index": self.issued,
+            "group": [tuple(m) for m in self.group],
+            "epoch": self.epoch,
+            "values": {k: host_copy(v) for k, v in shard.values.items()},
+            "meta": dict(self.meta),
+            "first_piece": dict(self.first_piece),
+            "sliced": set(self.sliced),
+            "done": {k: r.done for k, r in self.rounds.rounds.items()},
+            "num_workers": self.num_workers,
+            "optimizer": optimizer,
+            "states": states,
+            "updater": None if shard.updater is None else cloudpickle.dumps(shard.updater),
+            "next_seq": dict(self.next_seq),
+            "applied_seq": dict(self.applied_seq),
+        }
+
+    @answered
+    async def seed(self, snap: dict[str, Any]) -> None:
+        """Take the primary's state (see :meth:`_snapshot`)."""
+        shard = self.shard
+        shard.values = {k: to_device(np.asarray(v), self.device) for k, v in snap["values"].items()}
+        self.meta, self.first_piece = dict(snap["meta"]), dict(snap["first_piece"])
+        self.sliced = set(snap["sliced"])
+        self.rounds.num_workers = snap["num_workers"]
+        for key, done in snap["done"].items():
+            self.rounds.add(key)
+            self.rounds[key].done = done
+        if snap["optimizer"] is not None:
+            shard.set_optimizer(Optimizer.from_config(snap["optimizer"]))
+            shard.import_states(*snap["states"])
+        elif snap["updater"] is not None:
+            shard.set_updater(pickle.loads(snap["updater"]))
+        members = [Peer._make(m) for m in snap["group"]]
+        self._start_group(members, members.index(self.me))
+        self.issued = self.acked = snap["index"]
+        self.epoch = snap["epoch"]
+        self.next_seq, self.applied_seq = dict(snap["next_seq"]), dict(snap["applied_seq"])
+        self._wake()
+
+    @answered
+    async def replay(self, sender: str, first_seq: int, pushes: list[Any]) -> tuple:
+        """A new primary gets ``sender``'s pushes not yet acknowledged, from its
+        ``first_seq``-th on (those before are applied everywhere), in order;
+        what is already applied here is skipped. The push reply."""
+        if self.next_seq.get(sender, 0) < first_seq:
+            self.next_seq[sender] = first_seq
+            self._wake()
+        for push in pushes:
+            await self.push(push)
+        await self._replicated()
+        return self._reply(sender)

@@ -1,0 +1,289 @@
+"""Replicated servers without Dask: real ``Server`` replicas on one loop in this
+process (``_replicas.InProcessReplicas``), real ``DistStore`` ranks, replicas
+killed mid-run. Each test runs in well under a second."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.cluster._errors import ClusterError
+from labkv.cluster._inprocess import InProcessReplicas
+from labkv.cluster._server import Server
+from labkv.cluster._servers import StoreSpec
+from labkv.cluster._store import DistStore
+
+
+class Replicated:
+    """``num_servers`` server ids of ``replicas`` replicas, ``num_workers`` ranks."""
+
+    def __init__(self, kind="dist_sync", num_servers=2, num_workers=2, replicas=2, **kw):
+        timeout = kw.pop("timeout", 5.0)
+        sync = kind in ("dist_sync", "dist_device_sync")
+
+        def make(s, host):
+            return Server(s, "t", num_workers, sync, timeout, "t-topic", "cpu", host=host)
+
+        self.group = InProcessReplicas(make, num_servers, replicas, wire=kw.pop("wire", True))
+        spec = StoreSpec(
+            kind,
+            "t",
+            num_servers,
+            ["in-process"] * num_servers,
+            kw.pop("bigarray_bound", 1000),
+            timeout,
+            replicas=replicas,
+        )
+        self.ranks = [
+            DistStore(spec, [], r, num_workers, owner=r == 0, links=self.group.rank_links())
+            for r in range(num_workers)
+        ]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for kv in self.ranks:
+            with contextlib.suppress(Exception):
+                kv.flush()
+        self.group.close()
+
+
+def _in_threads(*fns):
+    results, errors = [None] * len(fns), []
+
+    def run(i, fn):
+        try:
+            results[i] = fn()
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    if errors:
+        raise errors[0]
+    return results
+
+
+KEYS = ["w", "b", "big"]
+
+
+def _shapes():
+    return [np.zeros(3, np.float32), np.zeros(2, np.float32), np.zeros(40, np.float32)]
+
+
+def _grad(step, rank, key):
+    rng = np.random.default_rng(1000 * step + 10 * rank + KEYS.index(key))
+    size = {"w": 3, "b": 2, "big": 40}[key]
+    return rng.standard_normal(size).astype(np.float32)
+
+
+def _train(c, steps, kill_at=None, kill=lambda c: c.group.kill(0)):
+    """dist_sync SGD with momentum; ``kill(c)`` after ``kill_at`` steps. The
+    final values and optimizer states of rank 0."""
+    for kv in c.ranks:
+        kv.init(KEYS, _shapes())
+    c.ranks[0].set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+
+    def loop(kv):
+        for step in range(steps):
+            if step == kill_at and kv.rank == 0:
+                kill(c)
+            kv.push(KEYS, [_grad(step, kv.rank, k) for k in KEYS])
+            outs = [np.empty_like(a) for a in _shapes()]
+            kv.pull(KEYS, out=outs)
+        return outs
+
+    results = _in_threads(*[lambda kv=kv: loop(kv) for kv in c.ranks])
+    return results[0], c.ranks[0]._optimizer_states()
+
+
+@pytest.mark.parametrize(
+    ("kind", "replicas"),
+    [
+        ("dist_sync", 2),
+        ("dist_async", 2),
+        ("dist_sync", 3),
+        ("dist_device_sync", 2),
+        ("dist_async_device", 2),
+    ],
+)
+def test_killing_a_primary_mid_run_changes_no_number(kind, replicas):
+    num_workers = 1 if "async" in kind else 2  # one async rank: a deterministic order
+    with Replicated(kind, num_workers=num_workers, bigarray_bound=16) as c:
+        undisturbed, states = _train(c, 12)
+    with Replicated(kind, num_workers=num_workers, bigarray_bound=16, replicas=replicas) as c:
+        values, states_after = _train(c, 12, kill_at=5)
+        assert c.group.servers_by_name(0)[0].primary  # the backup took over
+    for a, b in zip(values, undisturbed, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert states_after[0] == states[0] and states_after[1] == states[1]
+    for key in states[2]:
+        for a, b in zip(states_after[2][key], states[2][key], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def _add(key, grad, stored):
+    stored += grad
+
+
+def _cut_after(c, sid, method):
+    """Every rank's link to the primary of ``sid`` loses the reply of its next
+    ``method`` call, after the server ran it (and the primary dies then)."""
+    for kv in c.ranks:
+        primary = kv._links[sid].primary
+        primary.die_after = method
+
+
+def test_a_push_applied_but_not_acknowledged_is_applied_once_after_failover():
+    with Replicated("dist_async", num_servers=1, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        kv.init("w", np.zeros(4, np.float32))
+        kv.set_updater(_add)
+        kv.push("w", np.ones(4, np.float32))
+        np.testing.assert_array_equal(kv.pull("w"), np.ones(4))
+        primary = c.group.replicas_of[0][0]
+        _cut_after(c, 0, "pull")  # the held push rides in the pull: applied, reply lost
+        kv.push("w", np.full(4, 2.0, np.float32))
+        c.group.host.dead.add(primary.me.actor_key)
+        got = kv.pull("w")
+        np.testing.assert_array_equal(got, np.full(4, 3.0))  # 1 + 2, not 1 + 2 + 2
+        assert c.group.replicas_of[0][1].primary
+        assert kv._links[0].generation == 1
+
+
+def test_a_big_push_whose_reply_is_lost_is_applied_once():
+    with Replicated("dist_async", num_servers=1, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        big = np.zeros(1 << 18, np.float32)  # 1 MiB: a push that is waited for
+        kv.init("w", big)
+        kv.set_updater(_add)
+        _cut_after(c, 0, "push")
+        c.group.host.dead.add(c.group.replicas_of[0][0].me.actor_key)
+        kv.push("w", np.ones_like(big))
+        np.testing.assert_array_equal(kv.pull("w")[:4], np.ones(4))
+        kv.push("w", np.ones_like(big))
+        np.testing.assert_array_equal(kv.pull("w")[:4], np.full(4, 2.0))
+
+
+def test_two_losses_in_a_row_with_a_reseed_between_are_survived():
+    with Replicated("dist_sync", num_servers=1, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        kv.init("w", np.zeros(3, np.float32))
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5, momentum=0.9))
+        local = labkv.create("local")
+        local.init("w", np.zeros(3, np.float32))
+        local.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5, momentum=0.9))
+        for step in range(9):
+            if step == 3:
+                c.group.kill(0)
+            if step == 5:
+                c.group.reseed(0)
+            if step == 7:
+                c.group.kill(0)
+            g = np.full(3, step + 1.0, np.float32)
+            kv.push("w", g)
+            local.push("w", g)
+            np.testing.assert_array_equal(kv.pull("w"), local.pull("w"))
+        assert kv._links[0].generation == 2
+        assert c.group.replicas_of[0][2].primary  # the re-seeded replica
+
+
+def test_losing_every_replica_gives_the_lost_error_at_once():
+    with Replicated("dist_sync", num_servers=2, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        kv.init([0, 1], [np.zeros(2), np.zeros(2)])
+        server = kv.placement()[0][0]["server"]
+        c.group.kill(server, 0)
+        c.group.kill(server, 1)
+        with pytest.raises(ClusterError, match=rf"server {server} is lost: every replica"):
+            kv.pull(0)
+        np.testing.assert_array_equal(kv.pull(1), np.zeros(2))  # the other server lives
+
+
+def test_placement_names_each_pieces_replicas_primary_first():
+    with Replicated("dist_sync", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4) as c:
+        (kv,) = c.ranks
+        kv.init("big", np.zeros(8))
+        pieces = kv.placement()["big"]
+        assert [len(p["replicas"]) for p in pieces] == [2, 2]
+
+
+def test_a_custom_updater_on_a_sliced_key_is_refused_and_changes_nothing():
+    with Replicated("dist_sync", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4) as c:
+        (kv,) = c.ranks
+        kv.init("big", np.zeros(8))
+        with pytest.raises(ValueError, match="custom updater on keys sliced"):
+            kv.set_updater(lambda key, grad, stored: None)
+        kv.push("big", np.ones(8))
+        np.testing.assert_array_equal(kv.pull("big"), np.ones(8))  # still ASSIGN
+
+
+def test_replicas_are_checked_before_anything_starts():
+    from labkv.cluster._servers import check_replicas
+
+    assert check_replicas("dist_sync", 2) == 2
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="replicas must be a positive int"):
+            check_replicas("dist_sync", bad)
+    with pytest.raises(ValueError, match="not available for 'dist_ssp'"):
+        check_replicas("dist_ssp", 2)
+    assert check_replicas("dist_ssp", 1) == 1
+
+
+def test_a_lost_backup_leaves_the_group_and_the_primary_carries_on():
+    with Replicated("dist_sync", num_servers=1, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        kv.init("w", np.zeros(2, np.float32))
+        kv.push("w", np.ones(2, np.float32))
+        kv.pull("w")
+        c.group.kill(0, 1)  # the backup
+        for _ in range(3):
+            kv.push("w", np.full(2, 2.0, np.float32))
+            np.testing.assert_array_equal(kv.pull("w"), [2.0, 2.0])
+        assert len(c.group.replicas_of[0][0].group) == 1
+        assert kv._links[0].generation == 0  # no failover: the primary lives
+
+
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
+def test_an_updater_that_raises_changes_no_replica(kind):
+    def updater(key, grad, stored):
+        if grad[0] > 1:
+            raise ValueError("too big")
+        stored += grad
+
+    with Replicated(kind, num_servers=1, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        kv.init("w", np.zeros(2, np.float32))
+        kv.set_updater(updater)
+        kv.push("w", np.ones(2, np.float32))
+        kv.push("w", np.full(2, 5.0, np.float32))
+        with pytest.raises(ValueError, match="too big"):
+            kv.pull("w")
+        load = kv.server_load()[0]
+        assert load["primary"] is True and len(load["replicas"]) == 2
+        c.group.kill(0)  # the backup has the same value: one update, not two
+        np.testing.assert_array_equal(kv.pull("w"), [1.0, 1.0])
+
+
+def test_a_big_push_kept_for_a_resend_is_a_copy_of_what_was_pushed():
+    size = 1 << 18  # 1 MiB of float32: a push that is waited for, lent to the server
+    with Replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init("w", np.zeros(size, np.float32))
+        grad = np.ones(size, np.float32)
+        r0.push("w", grad)  # joins the open round; rank 1 has not pushed yet
+        grad[:] = 999.0  # the caller may reuse its buffer once push returns
+        c.group.kill(0)  # the round dies with the primary: rank 0's push is resent
+        r1.push("w", np.full(size, 2.0, np.float32))
+        got = _in_threads(lambda: r0.pull("w"), lambda: r1.pull("w"))
+        for value in got:
+            np.testing.assert_array_equal(value[:3], [3.0, 3.0, 3.0])

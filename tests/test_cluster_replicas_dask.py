@@ -1,0 +1,190 @@
+"""Replicated servers on a real LocalCluster (3 worker processes): a worker
+holding a primary is SIGKILLed in the middle of a training loop driven from
+this process, and the loop ends with the numbers of an undisturbed run."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.cluster import ClusterError
+
+STEPS = 30
+KEYS = ["w", "b"]
+
+
+@pytest.fixture(scope="module")
+def handle3():
+    pytest.importorskip("distributed")
+    from labkv.cluster import connect
+
+    handle = connect(n_workers=3, dashboard_address=None, memory_limit="1GiB", set_as_default=False)
+    yield handle
+    handle.close()
+
+
+def _pid():
+    return os.getpid()
+
+
+def _kill(handle, address):
+    pid = handle.client.run(_pid, workers=[address])[address]
+    os.kill(pid, signal.SIGKILL)
+
+
+def _grad(step, key):
+    rng = np.random.default_rng(100 * step + KEYS.index(key))
+    return rng.standard_normal({"w": 6, "b": 3}[key]).astype(np.float32)
+
+
+def _train(handle, kind, kill_at=None, kills=1):
+    """30 steps of SGD with momentum; the worker of server 0's primary is
+    killed before step ``kill_at`` (and again 8 steps later with ``kills=2``).
+    Final values, optimizer states, the store."""
+    handle.client.wait_for_workers(3, timeout=60)
+    kv = labkv.create(kind, cluster=handle, num_servers=2, replicas=2, timeout=30)
+    kv.init(KEYS, [np.zeros(6, np.float32), np.zeros(3, np.float32)])
+    kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.05, momentum=0.9, wd=0.01))
+    events = []
+    kv.events.subscribe(events.append)
+    kill_steps = [] if kill_at is None else [kill_at + 8 * i for i in range(kills)]
+    outs = [np.empty(6, np.float32), np.empty(3, np.float32)]
+    for step in range(STEPS):
+        if step in kill_steps:
+            primary = kv.placement()["w"][0]["replicas"][0]
+            _kill(handle, primary)
+        kv.push(KEYS, [_grad(step, k) for k in KEYS])
+        kv.pull(KEYS, out=outs)
+    states = kv._optimizer_states()
+    return [o.copy() for o in outs], states, kv, events
+
+
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
+def test_a_killed_primary_changes_no_number_of_a_training_run(handle3, kind):
+    values, states, kv, _ = _train(handle3, kind)
+    kv.close()
+    start = time.monotonic()
+    after, states_after, kv, events = _train(handle3, kind, kill_at=random.randint(3, 20))
+    try:
+        for a, b in zip(after, values, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert states_after[:2] == states[:2]
+        for key in states[2]:
+            for a, b in zip(states_after[2][key], states[2][key], strict=True):
+                np.testing.assert_array_equal(a, b)
+        ops = [e.op for e in events]
+        assert "failover" in ops and "reseed" in ops
+        assert time.monotonic() - start < 60
+    finally:
+        kv.close()
+
+
+def test_two_losses_in_a_row_are_survived_with_a_reseed_between(handle3):
+    values, states, kv, _ = _train(handle3, "dist_sync")
+    kv.close()
+    after, _, kv, events = _train(handle3, "dist_sync", kill_at=4, kills=2)
+    try:
+        for a, b in zip(after, values, strict=True):
+            np.testing.assert_array_equal(a, b)
+        sid = kv.placement()["w"][0]["server"]
+        promoted = [e for e in events if e.op == "failover" and e.extra["promoted"]]
+        assert len([e for e in promoted if e.server == sid]) == 2
+    finally:
+        kv.close()
+
+
+def test_losing_every_replica_gives_the_lost_error_within_seconds(handle3):
+    handle3.client.wait_for_workers(3, timeout=60)
+    kv = labkv.create("dist_sync", cluster=handle3, num_servers=1, replicas=2, timeout=30)
+    try:
+        kv.init(0, np.zeros(2))
+        # No free worker to re-seed on: only the two replicas' workers are left alive.
+        replicas = kv.placement()[0][0]["replicas"]
+        for address in replicas:
+            _kill(handle3, address)
+        start = time.monotonic()
+        with pytest.raises(ClusterError, match=r"server 0 is lost"):
+            for _ in range(100):
+                kv.push(0, np.ones(2))
+                kv.pull(0)
+        assert time.monotonic() - start < 15
+    finally:
+        kv.close()
+
+
+def test_more_replicas_than_workers_is_refused(handle3):
+    with pytest.raises(ClusterError, match="replicas=4 needs 4 Dask workers"):
+        labkv.create("dist_sync", cluster=handle3, num_servers=1, replicas=4)
+    with pytest.raises(ValueError, match="replicas must be a positive int"):
+        labkv.create("dist_sync", cluster=handle3, replicas=0)
+
+
+def _ranks_train(kv, steps, pause):
+    keys = [0, 1, 2]  # one on each of the 3 servers
+    kv.init(keys, [np.zeros(4, np.float32) for _ in keys])
+    if kv.rank == 0:
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.05, momentum=0.9))
+    kv.barrier()
+    outs = [np.empty(4, np.float32) for _ in keys]
+    for step in range(steps):
+        grads = [np.full(4, (step + 1) * (kv.rank + 1) * (k + 1), np.float32) / 7 for k in keys]
+        kv.push(keys, grads)
+        kv.pull(keys, out=outs)
+        time.sleep(pause)
+    return outs
+
+
+def test_ranks_of_a_run_survive_losing_a_worker_that_hosts_only_servers(handle3):
+    import threading
+
+    from labkv.cluster import run
+
+    handle3.client.wait_for_workers(3, timeout=60)
+    kw = dict(num_workers=2, cluster=handle3, num_servers=3, replicas=2, timeout=30)
+    undisturbed = run(_ranks_train, args=(30, 0.0), **kw)
+    handle3.client.wait_for_workers(3, timeout=60)
+    servers_only = handle3.workers()[2]  # ranks run on the first two workers
+    killer = threading.Timer(0.8, _kill, args=(handle3, servers_only))
+    killer.start()
+    try:
+        after = run(_ranks_train, args=(30, 0.05), **kw)
+    finally:
+        killer.join()
+    assert servers_only not in handle3.workers()
+    for rank_after, rank_before in zip(after, undisturbed, strict=True):
+        for a, b in zip(rank_after, rank_before, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_replica_is_seeded_on_a_worker_that_joins_after_the_loss(handle3):
+    handle3.client.wait_for_workers(3, timeout=60)
+    kv = labkv.create("dist_async", cluster=handle3, num_servers=1, replicas=3, timeout=30)
+    try:
+        kv.init(0, np.zeros(2, np.float32))
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+        replicas = kv.placement()[0][0]["replicas"]
+        _kill(handle3, replicas[0])  # every worker holds a replica: none is free now
+        reference = labkv.create("local")
+        reference.init(0, np.zeros(2, np.float32))
+        reference.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+        deadline = time.monotonic() + 30
+
+        def healed():
+            now = kv.placement()[0][0]["replicas"]
+            return len(now) == 3 and replicas[0] not in now
+
+        while not healed() and time.monotonic() < deadline:
+            for store in (kv, reference):
+                store.push(0, np.ones(2, np.float32))
+            np.testing.assert_array_equal(kv.pull(0), reference.pull(0))
+            time.sleep(0.05)
+        now = kv.placement()[0][0]["replicas"]
+        assert len(now) == 3 and replicas[0] not in now  # the nanny's new worker holds one
+    finally:
+        kv.close()
