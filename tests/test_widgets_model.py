@@ -224,6 +224,20 @@ def test_server_load_from_load_events():
     assert "load" not in {e.op for e in model.log}  # load ticks do not crowd the event log
 
 
+def test_the_server_table_names_each_replica_and_the_primary():
+    model = MonitorModel()
+    replicas = ["tcp://10.0.0.2:1", "tcp://10.0.0.3:1"]
+    extra = {"bytes_in": 8, "bytes_out": 8, "keys": 1, "bytes_held": 8, "replicas": replicas}
+    model.on_event(Event(0, 0.0, "dist_sync", "load", None, server=0, extra=extra))
+    # after a failover the next load names the new primary first
+    extra = {**extra, "replicas": replicas[::-1]}
+    model.on_event(Event(1, 1.0, "dist_sync", "load", None, server=0, extra=extra))
+    model.flush()
+    headers, rows = servers_table(model)
+    assert headers[-1] == "replicas (primary first)"
+    assert rows[0][-1] == "tcp://10.0.0.3:1 (primary), tcp://10.0.0.2:1"
+
+
 def test_hostile_key_names_are_escaped_in_html():
     kv = labkv.create("local")
     mon = monitor(kv)

@@ -242,6 +242,7 @@ class MonitorModel:
         load.keys = x.get("keys", load.keys)
         load.bytes_held = x.get("bytes_held", load.bytes_held)
         load.device = str(x.get("device", load.device))
+        load.replicas = tuple(x.get("replicas", load.replicas))
         load.history.append((e.time, load.bytes_in, load.bytes_out))
 
     def _fold_traffic(self, e: Event) -> None:

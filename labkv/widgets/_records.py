@@ -132,4 +132,6 @@ class ServerLoad:
     bytes_held: int | None = None
     device: str = ""
     reported: bool = False
+    #: a replicated server's workers, primary first (empty: not replicated)
+    replicas: tuple[str, ...] = ()
     history: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=300))

@@ -322,7 +322,8 @@ def clocks_table(model: MonitorModel) -> Table:
 
 
 def servers_table(model: MonitorModel) -> Table:
-    """Per server: its device, cumulative bytes in and out, keys and bytes held."""
+    """Per server: its device, cumulative bytes in and out, keys and bytes held;
+    for replicated servers also their workers, the primary first and marked."""
     headers = ["server", "device", "bytes in", "bytes out", "keys", "bytes held"]
     with model.lock:
         loads = sorted(model.servers.values(), key=lambda s: str(s.server))
@@ -337,4 +338,9 @@ def servers_table(model: MonitorModel) -> Table:
         ]
         for s in loads
     ]
+    if any(s.replicas for s in loads):
+        headers.append("replicas (primary first)")
+        for row, s in zip(rows, loads):
+            names = [f"{a} (primary)" if i == 0 else a for i, a in enumerate(s.replicas)]
+            row.append(", ".join(names) or "-")
     return headers, rows
