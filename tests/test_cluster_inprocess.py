@@ -1,5 +1,5 @@
 """The cluster's logic without Dask: real ``Server`` objects on an asyncio loop in
-this process, reached through the in-process link (``_transport.InProcessServers``),
+this process, reached through the in-process link (``_inprocess.InProcessServers``),
 driven by real ``DistStore`` ranks. Each test runs in milliseconds."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import labkv
 from labkv.cluster import _holding
 from labkv.cluster._errors import ClusterError
+from labkv.cluster._inprocess import InProcessServers
 from labkv.cluster._server import Server
 from labkv.cluster._servers import StoreSpec
 from labkv.cluster._store import DistStore
-from labkv.cluster._transport import InProcessServers
 
 
 class Cluster:

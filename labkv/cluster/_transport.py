@@ -13,9 +13,8 @@ Implementations:
   event loop sending what ``Actor.<method>`` sends (:func:`execute_on`).
 - :class:`SameProcessLink`: a rank calling a server on its own worker
   in-process: no serialisation, no loopback TCP; arguments travel by reference.
-- :class:`InProcessLink` and :class:`InProcessHost`: :class:`~._server.Server`
-  objects on an asyncio loop in a thread of the test process, no Dask at all
-  (see :func:`in_process_servers`).
+
+The in-process link and host of the tests (no Dask at all) are in :mod:`._inprocess`.
 
 Every use of Dask internals (an actor's future, a worker's actor table, the
 ``actor_execute`` RPC, a loop's thread id) lives in this module.
@@ -24,7 +23,6 @@ Every use of Dask internals (an actor's future, a worker's actor table, the
 from __future__ import annotations
 
 import asyncio
-import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -317,96 +315,3 @@ class DaskHost(Host):
         if local is not None and hasattr(local, method):
             return getattr(local, method)(*args)
         return execute_on(self.worker, address, actor_key, method, args)
-
-
-class InProcessHost(Host):
-    """Servers in this process, found by their ``actor_key`` (their name)."""
-
-    def __init__(self) -> None:
-        self.servers: dict[str, Any] = {}
-        self.events: list[tuple[str, Any]] = []
-
-    def log_event(self, topic: str, batch: Any) -> None:
-        self.events.append((topic, batch))
-
-    def call_peer(self, peer: Peer, method: str, args: list) -> Any:
-        return getattr(self.servers[peer.actor_key], method)(*args)
-
-
-class InProcessLink(ServerLink):
-    """A link to a :class:`~._server.Server` running on ``loop`` in this process.
-
-    ``wire=True`` sends every argument and result through pickle as Dask would
-    (the server gets its own copies, messages travel encoded); ``wire=False``
-    hands them over by reference, as :class:`SameProcessLink` does."""
-
-    def __init__(self, sid: int, server: Any, loop: asyncio.AbstractEventLoop, wire: bool = True):
-        super().__init__(sid, "in-process")
-        self.server, self.loop, self.wire = server, loop, wire
-        self.same_process = not wire
-        self.gone = False
-        self.die_after: str | None = None  # a test's fault: lost once this method ran
-
-    def call(self, method: str, *args: Any) -> Any:
-        self.raise_if_lost()
-        return asyncio.run_coroutine_threadsafe(self._coro(method, args), self.loop)
-
-    async def _coro(self, method: str, args: tuple) -> Any:
-        if self.wire:
-            args = pickle.loads(pickle.dumps(_encoded(method, args), protocol=5))
-        result = await getattr(self.server, method)(*args)
-        if method == self.die_after:  # applied, but the reply never arrives
-            self.gone = True
-            raise OSError(f"the test cut the link after {method}")
-        return pickle.loads(pickle.dumps(result, protocol=5)) if self.wire else result
-
-    def lost(self) -> str | None:
-        return "the test said so" if self.gone else None
-
-
-class InProcessServers:
-    """``Server`` objects on an asyncio loop in a daemon thread of this process,
-    with their links: the cluster's logic without Dask. Use as a context
-    manager; ``links`` are what a :class:`~._store.DistStore` takes."""
-
-    def __init__(self, make: Callable[[int, Host], Any], num_servers: int, wire: bool = True):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.host = InProcessHost()
-        self.wire = wire
-        names = [f"server-{s}" for s in range(num_servers)]
-        self.servers = self.start(make, list(range(num_servers)), names)
-        peers = [("in-process", name) for name in names]
-        self.links = [InProcessLink(s, sv, self.loop, wire) for s, sv in enumerate(self.servers)]
-        wait_all([(link, link.call("link", peers)) for link in self.links], "link", 5.0)
-
-    def start(self, make: Callable[[int, Host], Any], sids: list[int], names: list[str]) -> list:
-        """Servers ``make(sid, host)`` on the loop, found by the host as ``names``."""
-
-        async def start() -> list[Any]:
-            return [make(s, self.host) for s in sids]
-
-        servers = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
-        self.host.servers.update(zip(names, servers, strict=True))
-        return servers
-
-    def close(self) -> None:
-        """Cancel what still runs on the loop, then stop the loop and its thread."""
-
-        async def cancel_the_rest() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(cancel_the_rest(), self.loop).result(timeout=5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        self.loop.close()
-
-    def __enter__(self) -> InProcessServers:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
