@@ -6,6 +6,7 @@ makes a tuple of state arrays per key (``create_state``) and updates a
 weight in place (``update``). The code is written once for numpy and CuPy:
 arrays bring their own module. Hyper-parameters are cast to the weight's
 dtype before use, as MXNet's kernels do, so float32 results match MXNet's.
+The base class and the registry of names live in :mod:`labkv._optbase`.
 
 >>> import numpy as np
 >>> opt = SGD(learning_rate=0.1, momentum=0.9)
@@ -20,9 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
-from . import lr_scheduler as _lr
+from ._optbase import Optimizer, _epsilon, _zeros, create, register
 from .devices import array_module
 
 __all__ = [
@@ -38,123 +37,6 @@ __all__ = [
     "create",
     "register",
 ]
-
-_REGISTRY: dict[str, type[Optimizer]] = {}
-
-
-def register(cls: type[Optimizer]) -> type[Optimizer]:
-    """Class decorator: make ``create(cls.__name__.lower())`` build ``cls``."""
-    _REGISTRY[cls.__name__.lower()] = cls
-    return cls
-
-
-class Optimizer:
-    """Base class: learning rate (or scheduler), weight decay, gradient
-    rescaling and clipping, and per-key update counts."""
-
-    default_lr = 0.01
-
-    def __init__(
-        self,
-        learning_rate: float | None = None,
-        wd: float = 0.0,
-        rescale_grad: float = 1.0,
-        clip_gradient: float | None = None,
-        lr_scheduler: _lr.LRScheduler | None = None,
-        begin_num_update: int = 0,
-    ):
-        self.lr = self.default_lr if learning_rate is None else float(learning_rate)
-        self.wd = float(wd)
-        self.rescale_grad = float(rescale_grad)
-        if clip_gradient is not None and clip_gradient < 0:
-            clip_gradient = None  # MXNet: a negative bound means no clipping
-        self.clip_gradient = clip_gradient
-        self.lr_scheduler = lr_scheduler
-        if lr_scheduler is not None and learning_rate is not None:
-            lr_scheduler.base_lr = self.lr  # as MXNet: a rate given to the optimizer wins
-        self.begin_num_update = begin_num_update
-        self.num_update = begin_num_update
-        self.index_update_count: dict[Any, int] = {}
-        self._params: dict[str, Any] = {
-            "learning_rate": learning_rate,
-            "wd": wd,
-            "rescale_grad": rescale_grad,
-            "clip_gradient": clip_gradient,
-            "begin_num_update": begin_num_update,
-        }
-
-    @property
-    def name(self) -> str:
-        return type(self).__name__.lower()
-
-    @property
-    def learning_rate(self) -> float:
-        """The rate the next update would use (before per-step adjustments)."""
-        return self.lr_scheduler(self.num_update) if self.lr_scheduler else self.lr
-
-    def _update_count(self, index: Any) -> int:
-        count = self.index_update_count.get(index, self.begin_num_update) + 1
-        self.index_update_count[index] = count
-        self.num_update = max(count, self.num_update)
-        return count
-
-    def _get_lr(self, index: Any) -> float:
-        return self.lr_scheduler(self.num_update) if self.lr_scheduler else self.lr
-
-    def create_state(self, index: Any, weight: Any) -> tuple:
-        """The state arrays for one key (an empty tuple when none are needed)."""
-        return ()
-
-    def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
-        """One step for key ``index``: change ``weight`` (and ``state``) in place.
-        ``grad`` may be used as scratch space."""
-        raise NotImplementedError
-
-    def _rescaled(self, grad: Any, weight: Any, add_wd: bool, clip_after_wd: bool) -> Any:
-        """MXNet's gradient preprocessing: ``rescale_grad * grad``, clipped,
-        with ``wd * weight`` added before or after the clip (per optimizer)."""
-        xp, dt = array_module(weight), weight.dtype.type
-        g = dt(self.rescale_grad) * grad
-        if add_wd and clip_after_wd:
-            g = g + dt(self.wd) * weight
-        if self.clip_gradient is not None:
-            c = dt(self.clip_gradient)
-            g = xp.clip(g, -c, c)
-        if add_wd and not clip_after_wd:
-            g = g + dt(self.wd) * weight
-        return g
-
-    def to_config(self) -> dict[str, Any]:
-        """Name, hyper-parameters and scheduler as JSON-able data (no code)."""
-        return {
-            "name": self.name,
-            "params": dict(self._params),
-            "lr_scheduler": self.lr_scheduler.to_config() if self.lr_scheduler else None,
-        }
-
-    @staticmethod
-    def from_config(config: dict[str, Any]) -> Optimizer:
-        """Rebuild an optimizer from :meth:`to_config` output."""
-        params = dict(config.get("params") or {})
-        sched = config.get("lr_scheduler")
-        if sched:
-            params["lr_scheduler"] = _lr.create(sched["name"], sched.get("params"))
-        return create(config["name"], **params)
-
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{k}={v!r}" for k, v in self._params.items() if v is not None)
-        return f"{type(self).__name__}({shown})"
-
-
-def _zeros(weight: Any) -> Any:
-    return array_module(weight).zeros_like(weight)
-
-
-def _epsilon(dt: Any, value: float) -> Any:
-    """``value`` in the weight's dtype ``dt``, or in float32 where ``dt`` rounds it to 0
-    (``1e-8`` is 0 in float16: the step would divide by ``sqrt(0) + 0``)."""
-    eps = dt(value)
-    return eps if eps != 0 or value == 0 else np.float32(value)
 
 
 def _sgd_step(opt: Optimizer, weight: Any, grad: Any, lr: Any) -> Any:
@@ -387,16 +269,3 @@ class SignSGD(Signum):
     def __init__(self, **kwargs: Any):
         kwargs.setdefault("momentum", 0.0)
         super().__init__(**kwargs)
-
-
-def create(name: str, **params: Any) -> Optimizer:
-    """An optimizer by (case-insensitive) name, e.g. ``create('adam', learning_rate=0.01)``.
-
-    >>> create("SGD", learning_rate=0.5)
-    SGD(learning_rate=0.5, wd=0.0, rescale_grad=1.0, begin_num_update=0, momentum=0.0)
-    """
-    try:
-        cls = _REGISTRY[name.lower()]
-    except KeyError:
-        raise ValueError(f"unknown optimizer {name!r}; known: {sorted(_REGISTRY)}") from None
-    return cls(**params)
