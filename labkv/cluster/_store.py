@@ -21,7 +21,6 @@ Choices made here, and why:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,26 +29,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..events import EventBus
-from ..optimizers import Optimizer
 from ..store import Items, Key, KVStore
 from . import _messages as messages
 from ._barrier import EventBarrier
 from ._calls import ACK_ABOVE, Calls
 from ._connect import ClusterHandle
-from ._errors import ClusterError
 from ._events import ClusterBus, topic_of
 from ._placement import Piece, place
 from ._replicas import check_replicated_updater, replicated_links
 from ._reseed import replica_lost
 from ._server import Server
-from ._transport import ActorLink, ServerLink, on_client_loop, rank_links
+from ._store_streaming import StoreStreaming
+from ._store_updaters import StoreUpdaters
+from ._transport import ActorLink, ServerLink, rank_links
 from ._wire import InitItem, decode_values, values_items
 
 if TYPE_CHECKING:
     from ._servers import StoreSpec
 
 
-class DistStore(KVStore):
+class DistStore(StoreUpdaters, StoreStreaming, KVStore):
     """A ``dist_*`` store: rank ``rank`` of ``num_workers`` on shared servers.
 
     Make one with ``labkv.create('dist_sync', cluster=handle)`` (the notebook
@@ -180,24 +179,6 @@ class DistStore(KVStore):
     def _all_servers(self, method: str, *args: Any) -> list[Any]:
         return self._calls.all(method, *args)
 
-    def _residuals_committed(self, replaced: dict) -> None:
-        for key in {slot[0] for slot in replaced}:
-            mine = {slot: r for slot, r in replaced.items() if slot[0] == key}
-            pushed = {p.server: self._calls.sent[p.server] - 1 for p in self._pieces[key]}
-            self._residual_undo[key] = (mine, pushed)
-
-    def _restore_residuals(self, exc: BaseException) -> None:
-        """An update of keys this rank pushed failed on a server: put back the
-        compression residuals of those keys whose last push it was."""
-        failed = getattr(exc, "_labkv_update", None)
-        if failed is None or self._compression is None:
-            return
-        for key, seq in failed["seqs"].items():
-            undo = self._residual_undo.get(key)
-            if undo is not None and undo[1].get(failed["server"]) == seq:
-                self._compression.restore(undo[0])
-                del self._residual_undo[key]
-
     def _check_replicated_updater(self, updater: Callable | None, pieces: dict) -> None:
         if self._spec.replicas > 1:
             check_replicated_updater(updater, pieces)
@@ -308,29 +289,6 @@ class DistStore(KVStore):
         values = [reply[0] for reply in self._wait_all(calls, "peek")]
         return messages.join(values, *self._meta[key])
 
-    # -- updaters, optimizers, states -------------------------------------------------
-    def _set_updater_impl(self, updater: Callable) -> None:
-        self._check_replicated_updater(updater, self._pieces)
-        blob = messages.pickled_updater(updater)  # refused here if it cannot travel
-        if self._owner:
-            self._all_servers("set_updater", blob)
-
-    def _set_optimizer_impl(self, optimizer: Optimizer) -> None:
-        if self._owner:  # an optimizer travels as its config: data, not code
-            self._all_servers("set_optimizer", optimizer.to_config())
-
-    def _optimizer_states(self) -> tuple[int, dict, dict]:
-        self.flush()
-        return messages.gather_states(self._all_servers("get_states"), self._meta, self._pieces)
-
-    def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
-        per_server = messages.split_states(counts, states, self._pieces, self.num_servers)
-        calls = [
-            (s, self._call(s, "set_states", num_update, c, st))
-            for s, (c, st) in enumerate(per_server)
-        ]
-        self._wait_all(calls, "load_optimizer_states")
-
     # -- barrier, placement, events ------------------------------------------------------
     def _barrier_impl(self) -> None:
         self.flush()
@@ -357,39 +315,6 @@ class DistStore(KVStore):
         """Per server: its device, bytes in/out so far, keys and bytes held,
         messages received."""
         return self._all_servers("load")
-
-    def _set_streaming(self, on: bool) -> None:
-        if not on:
-            self._stop_streaming()
-            return
-        client = self._handle.client
-        client.subscribe_topic(topic_of(self._id), self.events.receive)
-        detail = (self.events.detail_interval, self.events.detail_burst)
-        calls = [(s, self._call(s, "streaming", True, *detail)) for s in range(self.num_servers)]
-        # Wait, so that the next push is streamed; but never on the client's own
-        # loop thread (a subscriber added from an event handler): that would deadlock.
-        if not on_client_loop(client):
-            self._wait_all(calls, "streaming")
-
-    def _stop_streaming(self) -> None:
-        """Stop the servers' events. After :meth:`close` there is nothing to stop;
-        with a server lost, every live server is told first, then the loss is
-        raised (the bus has dropped the subscriber by then)."""
-        client = self._handle.client
-        with contextlib.suppress(ValueError):  # close() already unsubscribed
-            client.unsubscribe_topic(topic_of(self._id))
-        if self._calls.closed:
-            return
-        lost: list[BaseException] = []
-        for s in range(self.num_servers):
-            try:
-                call = self._call(s, "streaming", False)
-                if not on_client_loop(client):
-                    self._wait_all([(s, call)], "streaming")
-            except (ClusterError, OSError) as exc:
-                lost.append(exc)
-        if lost:
-            raise lost[0]
 
     def close(self) -> None:
         """Release the servers this store started (their keys are dropped); a

@@ -16,13 +16,6 @@ class FrontEnd:
     ``_value``, ``_rows``, ``_ticker``, ``_refresh_lock``, ``closed`` and
     ``refresh``."""
 
-    _dashboard: Any
-    _value: Any
-    _rows: int
-    _ticker: Any
-    _refresh_lock: Any
-    closed: bool
-
     @property
     def dashboard(self) -> Any:
         """The dashboard's widgets once :attr:`widget` was built (else ``None``): a
