@@ -6,7 +6,7 @@ The process that owns the cluster handle does it (the notebook's store, or
 :func:`labkv.cluster.run` for its ranks): only a Dask client can start an
 actor. The new replica joins the group unseeded (it takes no log entry before
 its seed), the primary snapshots its state and forwards every later entry to
-it (:meth:`~._replication.Replication.add_replica`).
+it (:meth:`~._membership.Membership.add_replica`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,131 @@
+"""Replicated servers, the group's changes: who the replicas are, promotion of a
+backup after the primary is lost, a new replica added, and seeding a replica
+with the whole state of another (its values, optimizer or updater, rounds and
+the senders' sequence numbers), so that every entry issued after the snapshot
+is forwarded to it and none before is needed.
+
+The base of :class:`~._replication.Replication` (a mixin of
+:class:`~._server.Server`).
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from ..devices import to_device
+from ..optimizers import Optimizer
+from ._device import host_copy
+from ._errors import answered
+from ._wire import Peer
+
+__all__ = ["Membership"]
+
+
+class Membership:
+    """Joining, promoting, adding and seeding replicas (see module doc)."""
+
+    @answered
+    async def join_group(
+        self, members: list[tuple[str, str]], me: int, seeded: bool = True
+    ) -> None:
+        """This server is replica ``me`` of ``members`` (primary first); a new
+        replica (``seeded=False``) waits for :meth:`seed` before any entry."""
+        self._start_group(members, me, seeded)
+
+    @answered
+    async def members(self) -> tuple[int, list[tuple[str, str]]]:
+        """``(epoch, replicas as (address, actor key), primary first)``."""
+        return self.epoch, [tuple(m) for m in self.group]
+
+    @answered
+    async def promote(self, lost: list[tuple[str, str]]) -> tuple[int, list[tuple[str, str]]]:
+        """Become the primary: the replicas in ``lost`` are gone (every one before
+        this one in the group must be). Idempotent: ranks that see the loss at
+        once promote the same replica. The surviving backups are re-seeded from
+        this one (they may have applied an entry this one has not)."""
+        gone = {Peer._make(p) for p in lost}
+        if not self.primary:
+            ahead = self.group[: self.group.index(self.me)]
+            missing = [m.address for m in ahead if m not in gone]
+            if missing:
+                raise RuntimeError(f"replicas {missing} come first and are not known to be lost")
+            self.group = [m for m in self.group if m not in gone]
+            self.acked = self.issued
+            self.epoch += 1
+            for backup in list(self.group[1:]):
+                await self._seed_one(backup)
+        return await self.members()
+
+    @answered
+    async def add_replica(self, peer: tuple[str, str]) -> tuple[int, list[tuple[str, str]]]:
+        """Seed the new replica ``peer`` from this primary and forward it every
+        update from now on."""
+        peer = Peer._make(peer)
+        if peer not in self.group:
+            self.group.append(peer)
+            self.epoch += 1
+            await self._seed_one(peer)
+        return await self.members()
+
+    async def _seed_one(self, peer: Peer) -> None:
+        """Send this replica's whole state to ``peer``: every update issued
+        before the snapshot is in it, every one after is forwarded to it."""
+        try:
+            await self.host.call_peer(peer, "seed", [self._snapshot()])
+        except Exception:
+            self.group = [m for m in self.group if m != peer]
+            self.epoch += 1
+
+    def _snapshot(self) -> dict[str, Any]:
+        shard = self.shard
+        optimizer = None if shard.optimizer is None else shard.optimizer.to_config()
+        states = shard.export_states() if optimizer is not None else None
+        if states is not None:
+            states = (
+                states[0],
+                states[1],
+                {k: tuple(map(host_copy, s)) for k, s in states[2].items()},
+            )
+        return {
+            "index": self.issued,
+            "group": [tuple(m) for m in self.group],
+            "epoch": self.epoch,
+            "values": {k: host_copy(v) for k, v in shard.values.items()},
+            "meta": dict(self.meta),
+            "first_piece": dict(self.first_piece),
+            "sliced": set(self.sliced),
+            "done": {k: r.done for k, r in self.rounds.rounds.items()},
+            "num_workers": self.num_workers,
+            "optimizer": optimizer,
+            "states": states,
+            "updater": None if shard.updater is None else cloudpickle.dumps(shard.updater),
+            "next_seq": dict(self.next_seq),
+            "applied_seq": dict(self.applied_seq),
+        }
+
+    @answered
+    async def seed(self, snap: dict[str, Any]) -> None:
+        """Take the primary's state (see :meth:`_snapshot`)."""
+        shard = self.shard
+        shard.values = {k: to_device(np.asarray(v), self.device) for k, v in snap["values"].items()}
+        self.meta, self.first_piece = dict(snap["meta"]), dict(snap["first_piece"])
+        self.sliced = set(snap["sliced"])
+        self.rounds.num_workers = snap["num_workers"]
+        for key, done in snap["done"].items():
+            self.rounds.add(key)
+            self.rounds[key].done = done
+        if snap["optimizer"] is not None:
+            shard.set_optimizer(Optimizer.from_config(snap["optimizer"]))
+            shard.import_states(*snap["states"])
+        elif snap["updater"] is not None:
+            shard.set_updater(pickle.loads(snap["updater"]))
+        members = [Peer._make(m) for m in snap["group"]]
+        self._start_group(members, members.index(self.me))
+        self.issued = self.acked = snap["index"]
+        self.epoch = snap["epoch"]
+        self.next_seq, self.applied_seq = dict(snap["next_seq"]), dict(snap["applied_seq"])
+        self._wake()
