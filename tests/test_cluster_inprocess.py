@@ -17,6 +17,7 @@ from labkv.cluster._inprocess import InProcessServers
 from labkv.cluster._server import Server
 from labkv.cluster._servers import StoreSpec
 from labkv.cluster._store import DistStore
+from tests._waiting import in_threads
 
 
 class Cluster:
@@ -58,26 +59,6 @@ class Cluster:
         self.group.close()
 
 
-def _in_threads(*fns):
-    """Run ``fns`` at once (ranks that wait for each other); their results."""
-    results, errors = [None] * len(fns), []
-
-    def run(i, fn):
-        try:
-            results[i] = fn()
-        except Exception as exc:  # re-raised in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=10)
-    if errors:
-        raise errors[0]
-    return results
-
-
 @pytest.mark.parametrize("wire", [True, False], ids=["pickled", "by-reference"])
 def test_a_sync_round_sums_every_rank_for_whole_and_sliced_keys(wire):
     with Cluster(bigarray_bound=8, wire=wire) as c:
@@ -90,7 +71,7 @@ def test_a_sync_round_sums_every_rank_for_whole_and_sliced_keys(wire):
             kv.push(["small", "big"], [np.full(3, value, np.float32), np.arange(20.0) * value])
             return kv.pull(["small", "big"])
 
-        for got in _in_threads(lambda: step(r0, 1.0), lambda: step(r1, 2.0)):
+        for got in in_threads(lambda: step(r0, 1.0), lambda: step(r1, 2.0)):
             np.testing.assert_array_equal(got[0], [3.0, 3.0, 3.0])
             np.testing.assert_array_equal(got[1], np.arange(20.0) * 3)
 

@@ -5,7 +5,6 @@ killed mid-run. Each test runs in well under a second."""
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from labkv.cluster._inprocess import InProcessReplicas
 from labkv.cluster._server import Server
 from labkv.cluster._servers import StoreSpec
 from labkv.cluster._store import DistStore
+from tests._waiting import in_threads
 
 
 class Replicated:
@@ -53,25 +53,6 @@ class Replicated:
         self.group.close()
 
 
-def _in_threads(*fns):
-    results, errors = [None] * len(fns), []
-
-    def run(i, fn):
-        try:
-            results[i] = fn()
-        except Exception as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=20)
-    if errors:
-        raise errors[0]
-    return results
-
-
 KEYS = ["w", "b", "big"]
 
 
@@ -101,7 +82,7 @@ def _train(c, steps, kill_at=None, kill=lambda c: c.group.kill(0)):
             kv.pull(KEYS, out=outs)
         return outs
 
-    results = _in_threads(*[lambda kv=kv: loop(kv) for kv in c.ranks])
+    results = in_threads(*[lambda kv=kv: loop(kv) for kv in c.ranks])
     return results[0], c.ranks[0]._optimizer_states()
 
 
@@ -284,6 +265,6 @@ def test_a_big_push_kept_for_a_resend_is_a_copy_of_what_was_pushed():
         grad[:] = 999.0  # the caller may reuse its buffer once push returns
         c.group.kill(0)  # the round dies with the primary: rank 0's push is resent
         r1.push("w", np.full(size, 2.0, np.float32))
-        got = _in_threads(lambda: r0.pull("w"), lambda: r1.pull("w"))
+        got = in_threads(lambda: r0.pull("w"), lambda: r1.pull("w"))
         for value in got:
             np.testing.assert_array_equal(value[:3], [3.0, 3.0, 3.0])
