@@ -87,6 +87,15 @@ class Calls:
         for s, future in calls:
             link = self.links[s]
             while True:
+                stale = getattr(future, "generation", link.generation) != link.generation
+                if stale and not future.done():
+                    # Made on a primary replaced since: its wait would watch the new
+                    # primary, alive, while the call sits on the dead one's connection.
+                    future = self._again(link, future)
+                    if future is None:  # a push: the failover's replay carried it
+                        results.append(None)
+                        break
+                    continue
                 try:
                     waited = wait_all([(link, future)], what, self.timeout, self.on_server_error)
                     results.append(waited[0])
