@@ -125,11 +125,16 @@ def test_more_replicas_than_workers_is_refused(handle3):
         labkv.create("dist_sync", cluster=handle3, replicas=0)
 
 
-def _ranks_train(kv, steps, pause):
-    keys = [0, 1, 2]  # one on each of the 3 servers
-    kv.init(keys, [np.zeros(4, np.float32) for _ in keys])
-    if kv.rank == 0:
-        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.05, momentum=0.9))
+def _setup(kv):
+    """Keys 0-2 (one on each of the 3 servers), SGD with momentum."""
+    kv.init([0, 1, 2], [np.zeros(4, np.float32) for _ in range(3)])
+    kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.05, momentum=0.9))
+
+
+def _ranks_train(kv, steps, pause, shared=False):
+    keys = [0, 1, 2]
+    if not shared and kv.rank == 0:  # a shared store was set up by its owner
+        _setup(kv)
     kv.barrier()
     outs = [np.empty(4, np.float32) for _ in keys]
     for step in range(steps):
@@ -160,6 +165,44 @@ def test_ranks_of_a_run_survive_losing_a_worker_that_hosts_only_servers(handle3)
     for rank_after, rank_before in zip(after, undisturbed, strict=True):
         for a, b in zip(rank_after, rank_before, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def _shared_run(handle, kill=False):
+    """Ranks of ``run(kvstore=kv)`` train on a replicated store made here (the
+    worker that hosts only servers killed mid-run with ``kill``); the ranks'
+    values, then what this process pulls from the same store afterwards."""
+    import threading
+
+    from labkv.cluster import run
+
+    handle.client.wait_for_workers(3, timeout=60)
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=3, replicas=2, timeout=30)
+    killer = None
+    try:
+        _setup(kv)
+        if kill:
+            servers_only = handle.workers()[2]  # ranks run on the first two workers
+            killer = threading.Timer(0.8, _kill, args=(handle, servers_only))
+            killer.start()
+        ranks = run(_ranks_train, num_workers=2, kvstore=kv, args=(30, 0.05 if kill else 0.0, True))
+        if killer is not None:
+            killer.join()
+            assert servers_only not in handle.workers()
+        return ranks, kv.pull([0, 1, 2])
+    finally:
+        if killer is not None:
+            killer.cancel()
+        kv.close()
+
+
+def test_a_shared_replicated_store_survives_a_loss_during_run_and_after(handle3):
+    ranks_before, pulled_before = _shared_run(handle3)
+    ranks_after, pulled_after = _shared_run(handle3, kill=True)
+    for rank_after, rank_before in zip(ranks_after, ranks_before, strict=True):
+        for a, b in zip(rank_after, rank_before, strict=True):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(pulled_after, pulled_before, strict=True):
+        np.testing.assert_array_equal(a, b)  # this process's links failed over too
 
 
 def test_a_replica_is_seeded_on_a_worker_that_joins_after_the_loss(handle3):
