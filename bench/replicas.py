@@ -1,11 +1,12 @@
 """What replicas cost: dist_sync push+pull with ``replicas=2`` against ``replicas=1``,
 measured in alternating blocks inside the same ranks.
 
-    python bench/replicas.py [--quick]
+    python bench/replicas.py [--quick] [--replicas=R]
 
-W = 2 ranks on an embedded 2-worker LocalCluster (so every backup is on the
-other worker). Two stores with the same servers count S are made beside each
-other, one with ``replicas=1`` and one with ``replicas=2``; each rank then runs
+W = 2 ranks on an embedded LocalCluster of max(2, R) workers (with R = 2,
+every backup is on the other worker). Two stores with the same servers count
+S are made beside each other, one with ``replicas=1`` and one with
+``replicas=R`` (default 2); each rank then runs
 blocks of iterations on one store and then the other, many times, and the
 table gives the median time per iteration of each and the median of the
 per-block-pair ratios. Alternating blocks makes the ratio robust to the load
@@ -62,28 +63,31 @@ def _ranks(kv, specs, case, pairs):
     return times
 
 
-def main(quick: bool = False) -> None:
+def main(quick: bool = False, replicas: int = 2) -> None:
     import labkv
     from labkv.cluster import connect, run
 
     pairs = 5 if quick else 15
-    with connect(n_workers=2, dashboard_address=None) as handle:
+    workers = max(2, replicas)
+    with connect(n_workers=workers, dashboard_address=None) as handle:
         print(
-            "dist_sync, W = 2 ranks, push+pull per iteration; replicas = 2 keeps each "
-            "server's backup on the other worker"
+            f"dist_sync, W = 2 ranks on {workers} workers, push+pull per iteration; "
+            f"replicas = {replicas} keeps each server's copies on {replicas} workers"
         )
         print(f"(median of {pairs} alternating block pairs per case)")
-        print(f"{'case':<12}{'S':>3}{'R=1 ms':>10}{'R=2 ms':>10}{'R=2 / R=1':>11}")
+        r_ms, ratio_name = f"R={replicas} ms", f"R={replicas} / R=1"
+        print(f"{'case':<12}{'S':>3}{'R=1 ms':>10}{r_ms:>10}{ratio_name:>11}")
         for servers in (1, 2):
             for case in CASES:
                 made = [
                     labkv.create("dist_sync", cluster=handle, num_servers=servers, replicas=r)
-                    for r in (1, 2)
+                    for r in (1, replicas)
                 ]
                 for store in made:
                     store.configure_ranks(2)
                 specs = [
-                    (store.spec, store.servers if r == 1 else []) for r, store in zip((1, 2), made)
+                    (store.spec, store.servers if r == 1 else [])
+                    for r, store in zip((1, replicas), made)
                 ]
                 per_rank = run(_ranks, num_workers=2, cluster=handle, args=(specs, case, pairs))
                 # per pair, the slower rank's time (the ranks wait for each other)
@@ -99,4 +103,5 @@ def main(quick: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv)
+    given = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--replicas=")]
+    main(quick="--quick" in sys.argv, replicas=int(given[-1]) if given else 2)
