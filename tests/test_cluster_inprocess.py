@@ -4,7 +4,6 @@ driven by real ``DistStore`` ranks. Each test runs in milliseconds."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import numpy as np
@@ -13,50 +12,8 @@ import pytest
 import labkv
 from labkv.cluster import _holding
 from labkv.cluster._errors import ClusterError
-from labkv.cluster._inprocess import InProcessServers
-from labkv.cluster._server import Server
-from labkv.cluster._servers import StoreSpec
-from labkv.cluster._store import DistStore
+from tests._inprocess import InProcessCluster as Cluster
 from tests._waiting import in_threads
-
-
-class Cluster:
-    """``num_servers`` in-process servers and ``num_workers`` ranks on them."""
-
-    def __init__(self, kind="dist_sync", num_servers=2, num_workers=2, timeout=2.0, **kw):
-        wire = kw.pop("wire", True)
-        staleness = kw.pop("staleness", None)
-        sync = kind in ("dist_sync", "dist_device_sync")
-
-        def make(s, host):
-            return Server(
-                s, "t", num_workers, sync, timeout, "t-topic", "cpu", staleness, host=host
-            )
-
-        self.group = InProcessServers(make, num_servers, wire=wire)
-        spec = StoreSpec(
-            kind,
-            "t",
-            num_servers,
-            ["in-process"] * num_servers,
-            kw.pop("bigarray_bound", 1000),
-            timeout,
-            staleness=staleness,
-        )
-        self.ranks = [
-            DistStore(spec, [], r, num_workers, owner=r == 0, links=self.group.links)
-            for r in range(num_workers)
-        ]
-        self.servers = self.group.servers
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for kv in self.ranks:  # nothing left in flight when the loop stops
-            with contextlib.suppress(Exception):
-                kv.flush()
-        self.group.close()
 
 
 @pytest.mark.parametrize("wire", [True, False], ids=["pickled", "by-reference"])

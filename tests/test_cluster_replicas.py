@@ -4,53 +4,19 @@ killed mid-run. Each test runs in well under a second."""
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 
 import labkv
 from labkv.cluster._errors import ClusterError
-from labkv.cluster._inprocess import InProcessReplicas
-from labkv.cluster._server import Server
-from labkv.cluster._servers import StoreSpec
-from labkv.cluster._store import DistStore
+from tests._inprocess import InProcessCluster
 from tests._waiting import in_threads
 
 
-class Replicated:
-    """``num_servers`` server ids of ``replicas`` replicas, ``num_workers`` ranks."""
-
-    def __init__(self, kind="dist_sync", num_servers=2, num_workers=2, replicas=2, **kw):
-        timeout = kw.pop("timeout", 5.0)
-        sync = kind in ("dist_sync", "dist_device_sync")
-
-        def make(s, host):
-            return Server(s, "t", num_workers, sync, timeout, "t-topic", "cpu", host=host)
-
-        self.group = InProcessReplicas(make, num_servers, replicas, wire=kw.pop("wire", True))
-        spec = StoreSpec(
-            kind,
-            "t",
-            num_servers,
-            ["in-process"] * num_servers,
-            kw.pop("bigarray_bound", 1000),
-            timeout,
-            replicas=replicas,
-        )
-        self.ranks = [
-            DistStore(spec, [], r, num_workers, owner=r == 0, links=self.group.rank_links())
-            for r in range(num_workers)
-        ]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for kv in self.ranks:
-            with contextlib.suppress(Exception):
-                kv.flush()
-        self.group.close()
+def replicated(kind="dist_sync", num_servers=2, num_workers=2, replicas=2, **kw):
+    """In-process servers with ``replicas`` copies each (2 unless told), ranks on them."""
+    kw.setdefault("timeout", 5.0)
+    return InProcessCluster(kind, num_servers, num_workers, replicas=replicas, **kw)
 
 
 KEYS = ["w", "b", "big"]
@@ -98,9 +64,9 @@ def _train(c, steps, kill_at=None, kill=lambda c: c.group.kill(0)):
 )
 def test_killing_a_primary_mid_run_changes_no_number(kind, replicas):
     num_workers = 1 if "async" in kind else 2  # one async rank: a deterministic order
-    with Replicated(kind, num_workers=num_workers, bigarray_bound=16) as c:
+    with replicated(kind, num_workers=num_workers, bigarray_bound=16) as c:
         undisturbed, states = _train(c, 12)
-    with Replicated(kind, num_workers=num_workers, bigarray_bound=16, replicas=replicas) as c:
+    with replicated(kind, num_workers=num_workers, bigarray_bound=16, replicas=replicas) as c:
         values, states_after = _train(c, 12, kill_at=5)
         assert c.group.servers_by_name(0)[0].primary  # the backup took over
     for a, b in zip(values, undisturbed, strict=True):
@@ -124,7 +90,7 @@ def _cut_after(c, sid, method):
 
 
 def test_a_push_applied_but_not_acknowledged_is_applied_once_after_failover():
-    with Replicated("dist_async", num_servers=1, num_workers=1, replicas=2) as c:
+    with replicated("dist_async", num_servers=1, num_workers=1, replicas=2) as c:
         (kv,) = c.ranks
         kv.init("w", np.zeros(4, np.float32))
         kv.set_updater(_add)
@@ -141,7 +107,7 @@ def test_a_push_applied_but_not_acknowledged_is_applied_once_after_failover():
 
 
 def test_a_big_push_whose_reply_is_lost_is_applied_once():
-    with Replicated("dist_async", num_servers=1, num_workers=1, replicas=2) as c:
+    with replicated("dist_async", num_servers=1, num_workers=1, replicas=2) as c:
         (kv,) = c.ranks
         big = np.zeros(1 << 18, np.float32)  # 1 MiB: a push that is waited for
         kv.init("w", big)
@@ -155,7 +121,7 @@ def test_a_big_push_whose_reply_is_lost_is_applied_once():
 
 
 def test_two_losses_in_a_row_with_a_reseed_between_are_survived():
-    with Replicated("dist_sync", num_servers=1, num_workers=1, replicas=2) as c:
+    with replicated("dist_sync", num_servers=1, num_workers=1, replicas=2) as c:
         (kv,) = c.ranks
         kv.init("w", np.zeros(3, np.float32))
         kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5, momentum=0.9))
@@ -178,7 +144,7 @@ def test_two_losses_in_a_row_with_a_reseed_between_are_survived():
 
 
 def test_losing_every_replica_gives_the_lost_error_at_once():
-    with Replicated("dist_sync", num_servers=2, num_workers=1, replicas=2) as c:
+    with replicated("dist_sync", num_servers=2, num_workers=1, replicas=2) as c:
         (kv,) = c.ranks
         kv.init([0, 1], [np.zeros(2), np.zeros(2)])
         server = kv.placement()[0][0]["server"]
@@ -190,7 +156,7 @@ def test_losing_every_replica_gives_the_lost_error_at_once():
 
 
 def test_placement_names_each_pieces_replicas_primary_first():
-    with Replicated("dist_sync", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4) as c:
+    with replicated("dist_sync", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4) as c:
         (kv,) = c.ranks
         kv.init("big", np.zeros(8))
         pieces = kv.placement()["big"]
@@ -198,7 +164,7 @@ def test_placement_names_each_pieces_replicas_primary_first():
 
 
 def test_a_custom_updater_on_a_sliced_key_is_refused_and_changes_nothing():
-    with Replicated("dist_sync", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4) as c:
+    with replicated("dist_sync", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4) as c:
         (kv,) = c.ranks
         kv.init("big", np.zeros(8))
         with pytest.raises(ValueError, match="custom updater on keys sliced"):
@@ -220,7 +186,7 @@ def test_replicas_are_checked_before_anything_starts():
 
 
 def test_a_lost_backup_leaves_the_group_and_the_primary_carries_on():
-    with Replicated("dist_sync", num_servers=1, num_workers=1, replicas=2) as c:
+    with replicated("dist_sync", num_servers=1, num_workers=1, replicas=2) as c:
         (kv,) = c.ranks
         kv.init("w", np.zeros(2, np.float32))
         kv.push("w", np.ones(2, np.float32))
@@ -240,7 +206,7 @@ def test_an_updater_that_raises_changes_no_replica(kind):
             raise ValueError("too big")
         stored += grad
 
-    with Replicated(kind, num_servers=1, num_workers=1, replicas=2) as c:
+    with replicated(kind, num_servers=1, num_workers=1, replicas=2) as c:
         (kv,) = c.ranks
         kv.init("w", np.zeros(2, np.float32))
         kv.set_updater(updater)
@@ -256,7 +222,7 @@ def test_an_updater_that_raises_changes_no_replica(kind):
 
 def test_a_big_push_kept_for_a_resend_is_a_copy_of_what_was_pushed():
     size = 1 << 18  # 1 MiB of float32: a push that is waited for, lent to the server
-    with Replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
+    with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
         r0, r1 = c.ranks
         for kv in c.ranks:
             kv.init("w", np.zeros(size, np.float32))

@@ -1,0 +1,72 @@
+"""Real ``Server`` objects on an asyncio loop in the test process (no Dask),
+reached through the in-process links of ``labkv.cluster._inprocess``, driven by
+real ``DistStore`` ranks: the cluster's logic in milliseconds."""
+
+from __future__ import annotations
+
+import contextlib
+
+from labkv._types import SYNC_KINDS
+from labkv.cluster._inprocess import InProcessReplicas, InProcessServers
+from labkv.cluster._server import Server
+from labkv.cluster._servers import StoreSpec
+from labkv.cluster._store import DistStore
+
+
+class InProcessCluster:
+    """``num_servers`` in-process servers (``replicas`` copies of each) and
+    ``num_workers`` ranks on them; ``group`` is the servers' group, ``ranks``
+    the stores, rank 0 first."""
+
+    def __init__(
+        self,
+        kind="dist_sync",
+        num_servers=2,
+        num_workers=2,
+        timeout=2.0,
+        *,
+        replicas=1,
+        staleness=None,
+        wire=True,
+        bigarray_bound=1000,
+    ):
+        sync = kind in SYNC_KINDS
+
+        def make(s, host):
+            return Server(
+                s, "t", num_workers, sync, timeout, "t-topic", "cpu", staleness, host=host
+            )
+
+        if replicas == 1:
+            self.group = InProcessServers(make, num_servers, wire=wire)
+            self.servers = self.group.servers
+
+            def links():
+                return self.group.links
+
+        else:
+            self.group = InProcessReplicas(make, num_servers, replicas, wire=wire)
+            links = self.group.rank_links
+        spec = StoreSpec(
+            kind,
+            "t",
+            num_servers,
+            ["in-process"] * num_servers,
+            bigarray_bound,
+            timeout,
+            staleness=staleness,
+            replicas=replicas,
+        )
+        self.ranks = [
+            DistStore(spec, [], r, num_workers, owner=r == 0, links=links())
+            for r in range(num_workers)
+        ]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for kv in self.ranks:  # nothing left in flight when the loop stops
+            with contextlib.suppress(Exception):
+                kv.flush()
+        self.group.close()
