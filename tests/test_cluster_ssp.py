@@ -173,6 +173,25 @@ def test_timeout_names_the_slowest_rank_and_its_clock(handle):
         )
 
 
+def _list_pushes(kv):
+    kv.init(["a", "b"], [np.zeros(2), np.zeros(2)])
+    kv.barrier()
+    for _ in range(3 if kv.rank == 0 else 1):
+        kv.push(["a", "b"], [np.ones(2), np.ones(2)])
+    return kv.pull("b")
+
+
+def test_a_push_of_a_list_of_keys_is_one_round_of_each_key(handle):
+    """Three list pushes put rank 0 at clock 3 of "b" (not 6, nor 1), one put rank
+    1 at clock 1: with s = 1 rank 0's pull of "b" waits for clock 2, and times out."""
+    with pytest.raises(
+        ClusterError,
+        match=r"rank 0's pull of key 'b' at clock 3 \(staleness 1\) "
+        r"waits for every rank to reach clock 2; slowest: rank 1 at clock 1",
+    ):
+        run(_list_pushes, num_workers=2, kvstore="dist_ssp", staleness=1, cluster=handle, timeout=2)
+
+
 def _push_twice(kv):
     kv.init("w", np.zeros(2))
     kv.push("w", np.ones(2))
