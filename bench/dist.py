@@ -17,7 +17,8 @@ baseline as Dask ships. Each rank also counts its worker process's page faults
 (``ru_minflt``) per iteration: the rank and its worker's server share the
 process. ``--dask-malloc`` runs the store itself on Dask's default worker
 environment too (what it measured before the embedded workers reused buffers).
-A benchmark, not a test: it prints tables, it asserts nothing.
+A benchmark, not a test: it prints tables, it asserts nothing. dist_ssp against
+dist_async, per call with no pull waiting, is ``bench/ssp.py``.
 """
 
 from __future__ import annotations

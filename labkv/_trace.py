@@ -9,7 +9,9 @@ each server is a process in the trace; its threads are the tracks:
   (a dist_sync round, from its first push to its last) and one ``waits of
   rank r`` track per rank (a dist_ssp pull waiting for the slowest rank).
 
-Every event becomes one span (a ``B`` and its ``E``), but a dist_sync
+Every trace event has ``ph``, ``ts`` (microseconds), ``pid``, ``tid`` and ``name``
+(the process and thread names too, as ``M`` events at ``ts`` 0). Every event
+becomes one span (a ``B`` and its ``E``), but a dist_sync
 server's report of a push joining a round that is still open, an instant
 (``i``). A span's arguments are ``key``,
 ``bytes``, ``count`` (calls it stands for: the bus may count busy calls without
@@ -154,7 +156,8 @@ def _name(e: Any, tid: int) -> str:
 
 
 def _meta(name: str, pid: int, tid: int, value: Any, key: str = "name") -> dict[str, Any]:
-    return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
+    # ts is optional for metadata in the format; given, every event has the same fields
+    return {"name": name, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": {key: value}}
 
 
 def export_trace(

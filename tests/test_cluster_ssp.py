@@ -103,27 +103,31 @@ def test_staleness_zero_pulls_what_dist_sync_pulls(cluster, sleeps):
                 assert upto == _held(w, 2)
 
 
-def _turns(kv):
-    """Rank 0 takes all its steps, then rank 1 does: no pull has to wait with s >= STEPS."""
+def _turns(kv, order):
+    """One push and pull per entry of ``order`` by the rank it names, the others
+    waiting at a barrier: a schedule whose outcome does not depend on timing, and
+    in which no dist_ssp pull waits with s >= STEPS (no clock exceeds STEPS)."""
     kv.init("w", np.zeros(3, np.float32))
     if kv.rank == 0:
         kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
     kv.barrier()
     pulled = []
-    for turn in range(2):
+    for step, turn in enumerate(order):
         if kv.rank == turn:
-            for step in range(STEPS):
-                kv.push("w", np.full(3, step + 10.0 * kv.rank, np.float32))
-                pulled.append(kv.pull("w"))
+            kv.push("w", np.full(3, step + 10.0 * kv.rank, np.float32))
+            pulled.append(kv.pull("w"))
         kv.barrier()
     return pulled
 
 
-def test_with_no_waiting_ssp_pulls_what_dist_async_pulls(handle):
-    common = dict(num_workers=2, num_servers=1, cluster=handle, timeout=20)
+@settings(max_examples=6, deadline=None)
+@given(order=st.permutations([0] * STEPS + [1] * STEPS))
+def test_with_no_waiting_ssp_pulls_what_dist_async_pulls(cluster, order):
+    common = dict(num_workers=2, num_servers=1, cluster=cluster, args=(order,), timeout=20)
     asynchronous = run(_turns, kvstore="dist_async", **common)
     ssp = run(_turns, kvstore="dist_ssp", staleness=STEPS, **common)
     for want, got in zip(asynchronous, ssp, strict=True):
+        assert len(got) == STEPS
         for w, g in zip(want, got, strict=True):
             np.testing.assert_array_equal(g, w)  # the optimizer ran once per push, in order
 
@@ -167,6 +171,25 @@ def test_timeout_names_the_slowest_rank_and_its_clock(handle):
         run(
             _rank_1_stops, num_workers=2, kvstore="dist_ssp", staleness=1, cluster=handle, timeout=2
         )
+
+
+def _list_pushes(kv):
+    kv.init(["a", "b"], [np.zeros(2), np.zeros(2)])
+    kv.barrier()
+    for _ in range(3 if kv.rank == 0 else 1):
+        kv.push(["a", "b"], [np.ones(2), np.ones(2)])
+    return kv.pull("b")
+
+
+def test_a_push_of_a_list_of_keys_is_one_round_of_each_key(handle):
+    """Three list pushes put rank 0 at clock 3 of "b" (not 6, nor 1), one put rank
+    1 at clock 1: with s = 1 rank 0's pull of "b" waits for clock 2, and times out."""
+    with pytest.raises(
+        ClusterError,
+        match=r"rank 0's pull of key 'b' at clock 3 \(staleness 1\) "
+        r"waits for every rank to reach clock 2; slowest: rank 1 at clock 1",
+    ):
+        run(_list_pushes, num_workers=2, kvstore="dist_ssp", staleness=1, cluster=handle, timeout=2)
 
 
 def _push_twice(kv):

@@ -48,3 +48,21 @@ def test_the_lab_command_opens_the_first_notebook_with_the_repository_as_root():
     (url,) = [arg.split("=", 1)[1] for arg in lab if arg.startswith("--LabApp.default_url=")]
     first = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))[0]
     assert url == f"/lab/tree/{first.relative_to(ROOT)}"
+
+
+def test_readme_reads_in_a_newcomers_order():
+    """What it is with one picture of the monitor, set-up, the course, the API, the
+    cluster, the docs; tuning details live in docs/, not here."""
+    intro, _ = README.split("\n## ", 1)
+    pictures = [p for p in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", intro) if "://" not in p]
+    assert pictures == ["docs/monitor.png"] and (ROOT / pictures[0]).is_file(), pictures
+    headings = re.findall(r"^## (.*)$", README, flags=re.M)
+    assert headings == [
+        "Set up",
+        "The course (`notebooks/`)",
+        "The API in one screen",
+        "The cluster",
+        "Where the docs are",
+    ]
+    for detail in ("MALLOC_", "refresh_cpu", "ms per", "page fault"):
+        assert detail not in README, detail

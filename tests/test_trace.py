@@ -22,10 +22,10 @@ def _check_schema_and_pairs(trace: dict) -> dict[str, int]:
     last_ts: dict[tuple, float] = {}
     counts = {"push": 0, "pull": 0}
     for e in trace["traceEvents"]:
-        assert {"ph", "pid", "tid", "name"} <= set(e), e
+        assert {"ph", "ts", "pid", "tid", "name"} <= set(e), e
+        assert isinstance(e["ts"], float | int), e
         if e["ph"] == "M":
             continue
-        assert isinstance(e["ts"], float | int), e
         track = (e["pid"], e["tid"])
         if e["ph"] in "BE":
             assert e["ts"] >= last_ts.get(track, -1e300), f"time goes back on {track}: {e}"

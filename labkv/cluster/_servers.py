@@ -232,7 +232,8 @@ def create_store(
     ``'gpu(i)'`` (see ``kv.placement()``). ``staleness`` (``'dist_ssp'``
     only, required there): a pull by a rank that has pushed a key ``c`` times
     waits until every rank has pushed it ``c - staleness`` times (0: as
-    dist_sync; large: as dist_async); see ``docs/cluster.md``. ``replicas``:
+    dist_sync; large: as dist_async); a push of a list of keys is one push of
+    each; see ``docs/cluster.md``. ``replicas``:
     how many copies of each server live on different workers (default 1);
     with 2 or more, losing a server's worker loses nothing acknowledged: its
     backup takes over, and ``kv.placement()`` names every piece's replicas.

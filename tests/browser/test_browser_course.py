@@ -13,7 +13,9 @@ shut down before the next one starts. After Run All, for each notebook:
 - every exercise check (cells tagged ``check``) reports ``not yet``: nothing
   solved the exercise for the student;
 - the monitor is compact (each of its tabs under 480 px) and its value plot is
-  drawn when its tab is shown.
+  drawn when its tab is shown;
+- a clocks panel shown on its own (``mon.show("clocks")``, notebook 05's dist_ssp
+  run with a slow rank) has its rows, and the fast rank is the one that waited.
 
 Screenshots of each notebook's monitor (the keys tab, and each tab), of its page,
 and a JSON report (cells, log entries, run time) go to ``artifacts/screenshots/``
@@ -83,7 +85,9 @@ MONITOR = """() => {
   const shown = roots.filter(r => r.offsetParent !== null && r.getBoundingClientRect().height > 0);
   const keys = shown.length ? shown[0].querySelectorAll('.labkv-keys tbody tr').length : 0;
   const errors = document.querySelectorAll('.jupyter-widgets-error-widget').length;
-  return {roots: roots.length, shown: shown.length, keys, errors};
+  const clocks = [...document.querySelectorAll('.labkv-part .labkv-clocks tbody tr')]
+      .map(tr => [...tr.children].map(td => td.textContent));
+  return {roots: roots.length, shown: shown.length, keys, errors, clocks};
 }"""
 
 
@@ -98,6 +102,17 @@ def _text(output: dict) -> str:
 def _shows_monitor(path: Path) -> bool:
     nb = nbformat.read(path, as_version=4)
     return any("monitor(" in c.source for c in nb.cells if c.cell_type == "code")
+
+
+def _shows_clocks(path: Path) -> bool:
+    nb = nbformat.read(path, as_version=4)
+    return any('.show("clocks")' in c.source for c in nb.cells if c.cell_type == "code")
+
+
+def _waited(cell: str) -> float:
+    """A rank's total wait from its cell of the clocks panel ("25 · waited 0.42 s ...")."""
+    found = re.search(r"waited ([0-9.]+) s", cell)
+    return float(found.group(1)) if found else 0.0
 
 
 def _readme_lab_options() -> tuple[str, ...]:
@@ -245,6 +260,11 @@ def test_run_all_cells(lab, path):
         timeline_tab = next(t for t in monitor["tabs"] if t["title"] == "timeline")
         assert timeline_tab["plots"] >= 1, f"the timeline is not drawn: {monitor}"
         assert (ARTIFACTS / f"{stem}.png").stat().st_size > 5_000
+    if _shows_clocks(path):  # a dist_ssp run with rank 1 slow on purpose, watched live
+        assert monitor["clocks"], f"the clocks panel shown alone has no rows: {monitor}"
+        row = monitor["clocks"][0]
+        assert len(row) >= 6, row  # key, staleness, slowest, spread, then a cell per rank
+        assert _waited(row[4]) > _waited(row[5]), f"the fast rank 0 should do the waiting: {row}"
     assert monitor["errors"] == 0, "a widget failed to render"
     checks = [c for c in code if "check" in c["tags"]]
     assert checks, "no exercise check cell (tagged 'check')"
