@@ -288,3 +288,42 @@ def test_a_closed_store_says_so(handle, kind):
     for call in (lambda: kv.pull(0), lambda: kv.push(0, np.ones(2, np.float32))):
         with pytest.raises(ClusterError, match=r"the store .* is closed"):
             call()
+
+
+# -- two documented behaviours that follow MXNet, not the local store ---------------
+
+
+def _decaying_sgd() -> labkv.optimizers.SGD:
+    schedule = labkv.lr_scheduler.FactorScheduler(step=1, factor=0.5, base_lr=1.0)
+    return labkv.optimizers.SGD(learning_rate=1.0, lr_scheduler=schedule)
+
+
+def test_each_server_counts_its_own_updates_for_the_lr_scheduler(kv):
+    local = labkv.create("local")
+    for store in (local, kv):
+        store.init([0, 1], [np.zeros(2, np.float32), np.zeros(2, np.float32)])
+        store.set_optimizer(_decaying_sgd())
+        for _ in range(3):
+            store.push(0, np.ones(2, np.float32))
+        store.push(1, np.ones(2, np.float32))
+    assert [kv.placement()[k][0]["server"] for k in (0, 1)] == [0, 1]
+    np.testing.assert_array_equal(kv.pull(0), local.pull(0))  # one server, one count
+    # Key 1's first update: the 4th of the local store's single count (a decayed
+    # rate), the 1st of server 1's own count (the base rate).
+    np.testing.assert_array_equal(kv.pull(1), [-1.0, -1.0])
+    assert float(local.pull(1)[0]) > -1.0
+
+
+def _to_unit_norm(key, merged, stored):
+    stored[:] = merged / np.linalg.norm(merged)  # not element-wise
+
+
+def test_a_custom_updater_on_a_sliced_key_sees_one_flat_slice_per_server(kv):
+    local = labkv.create("local")
+    for store in (local, kv):
+        store.init("s", np.zeros((2, 4), np.float32))
+        store.set_updater(_to_unit_norm)
+        store.push("s", np.ones((2, 4), np.float32))
+    assert len(kv.placement()["s"]) == 2
+    assert np.linalg.norm(local.pull("s")) == pytest.approx(1.0)
+    assert np.linalg.norm(kv.pull("s")) == pytest.approx(2**0.5)  # each slice scaled alone
