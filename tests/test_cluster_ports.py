@@ -37,9 +37,10 @@ def test_a_notebook_store_made_with_an_mxnet_name_reports_that_name(handle):
         labkv.cluster.create_store("local_update_cpu", cluster=handle)
 
 
-@pytest.fixture
-def kv(handle):
-    store = labkv.create("dist_sync", cluster=handle, num_servers=2, bigarray_bound=4)
+@pytest.fixture(params=["dist_sync", "dist_async", "dist_ssp"])
+def kv(request, handle):
+    extra = {"staleness": 1} if request.param == "dist_ssp" else {}
+    store = labkv.create(request.param, cluster=handle, num_servers=2, bigarray_bound=4, **extra)
     store.init([0, 1], [np.zeros(SHAPE, np.float32), np.ones(2, np.float32)])
     yield store
     store.close()
@@ -52,8 +53,11 @@ def test_empty_calls_send_nothing_and_emit_no_event(kv):
     kv.push([], [])
     assert kv.pull([], out=[]) is None and kv.pull([]) == []
     kv.pushpull([], [])
+    kv.pushpull([], [], out=[])
     kv.init([], [])
+    kv.broadcast([], [], out=[])
     assert kv.row_sparse_pull([], row_ids=[]) == []
+    kv.barrier()  # flushes: nothing was held back to be sent later
     assert [load["messages"] for load in kv.server_load()] == messages
     handle.unsubscribe()
     assert [e for e in seen if e.op in ("push", "pull", "init")] == []

@@ -94,6 +94,60 @@ def test_a_failed_round_reaches_each_rank_once_as_its_own_exception(handle):
         assert later == [[0.0, 0.0], [0.0, 0.0]]  # unchanged, and served from now on
 
 
+def _rank_fails_then_enters_a_barrier(kv, pushes):
+    kv.init("w", np.zeros(2, np.float32))
+    if kv.rank == 0:
+        kv.set_updater(_refuse_above_4)
+    kv.barrier()
+    seen = []
+    calls = [
+        lambda: kv.push("w", np.full(2, pushes[kv.rank], np.float32)),
+        kv.barrier,  # where a push not waited for is told of its failure
+        *[lambda: kv.pull("w").tolist()] * 3,
+    ]
+    for call in calls:
+        try:
+            result = call()
+        except Refused as exc:
+            result = ("Refused", str(exc), " ".join(exc.__notes__))
+        if result is not None:
+            seen.append(result)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "kind, pushes, told, value",
+    [
+        # dist_sync: the round of 3 + 3 fails; both ranks' pushes were in it
+        ("dist_sync", (3.0, 3.0), {0: "refused 6", 1: "refused 6"}, [0.0, 0.0]),
+        # dist_async: each push is applied alone; only rank 0's 9 is refused
+        ("dist_async", (9.0, 1.0), {0: "refused 9"}, [1.0, 1.0]),
+    ],
+)
+def test_a_failed_update_reaches_each_rank_whose_push_it_was_once_and_no_barrier_hangs(
+    handle, kind, pushes, told, value
+):
+    ranks = run(
+        _rank_fails_then_enters_a_barrier,
+        num_workers=2,
+        cluster=handle,
+        kvstore=kind,
+        args=(pushes,),
+        timeout=20,
+    )
+    for rank, seen in enumerate(ranks):
+        errors = [s for s in seen if isinstance(s, tuple)]
+        if rank in told:
+            [(name, message, notes)] = errors  # once, and before any pull that served
+            assert seen[0] == errors[0]
+            assert name == "Refused" and message == f"{told[rank]} for 'w'"
+            assert "on server" in notes and "keys ['w']" in notes and "is lost" not in notes
+        else:
+            assert errors == []  # never told of another rank's failed push
+        served = [s for s in seen if not isinstance(s, tuple)]
+        assert len(served) >= 2 and served == [value] * len(served)  # then the value is served
+
+
 @pytest.mark.parametrize("error", [ValueError, RuntimeError, OSError, KeyError])
 def test_the_updaters_own_exception_class_reaches_the_caller_never_a_lost_server(kv, error):
     def fail(key, merged, stored):
@@ -205,19 +259,25 @@ def test_a_failed_compressed_push_leaves_the_residual_as_the_local_store_does(kv
 # -- 7. smaller ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("timeout", [-1, 0, float("nan"), "10"])
-def test_a_bad_timeout_is_refused_clearly(handle, timeout):
+def test_a_bad_timeout_is_refused_clearly(handle, kind, timeout):
+    servers = handle.client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
-        labkv.create("dist_sync", cluster=handle, timeout=timeout)
+        labkv.create(kind, cluster=handle, timeout=timeout)
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
-        run(_add, cluster=handle, timeout=timeout)
+        run(_add, cluster=handle, kvstore=kind, timeout=timeout)
+    assert handle.client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == (
+        servers
+    )  # no server was started
 
 
-def test_an_address_string_is_refused_with_the_way_to_connect(handle):
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_address_string_is_refused_with_the_way_to_connect(handle, kind):
     with pytest.raises(TypeError, match=r"connect to it first: labkv.cluster.connect\(.tcp://"):
-        labkv.create("dist_sync", cluster=handle.address)
+        labkv.create(kind, cluster=handle.address)
     with pytest.raises(TypeError, match="cluster must be a ClusterHandle"):
-        run(_add, cluster=handle.address)
+        run(_add, cluster=handle.address, kvstore=kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -228,3 +288,42 @@ def test_a_closed_store_says_so(handle, kind):
     for call in (lambda: kv.pull(0), lambda: kv.push(0, np.ones(2, np.float32))):
         with pytest.raises(ClusterError, match=r"the store .* is closed"):
             call()
+
+
+# -- two documented behaviours that follow MXNet, not the local store ---------------
+
+
+def _decaying_sgd() -> labkv.optimizers.SGD:
+    schedule = labkv.lr_scheduler.FactorScheduler(step=1, factor=0.5, base_lr=1.0)
+    return labkv.optimizers.SGD(learning_rate=1.0, lr_scheduler=schedule)
+
+
+def test_each_server_counts_its_own_updates_for_the_lr_scheduler(kv):
+    local = labkv.create("local")
+    for store in (local, kv):
+        store.init([0, 1], [np.zeros(2, np.float32), np.zeros(2, np.float32)])
+        store.set_optimizer(_decaying_sgd())
+        for _ in range(3):
+            store.push(0, np.ones(2, np.float32))
+        store.push(1, np.ones(2, np.float32))
+    assert [kv.placement()[k][0]["server"] for k in (0, 1)] == [0, 1]
+    np.testing.assert_array_equal(kv.pull(0), local.pull(0))  # one server, one count
+    # Key 1's first update: the 4th of the local store's single count (a decayed
+    # rate), the 1st of server 1's own count (the base rate).
+    np.testing.assert_array_equal(kv.pull(1), [-1.0, -1.0])
+    assert float(local.pull(1)[0]) > -1.0
+
+
+def _to_unit_norm(key, merged, stored):
+    stored[:] = merged / np.linalg.norm(merged)  # not element-wise
+
+
+def test_a_custom_updater_on_a_sliced_key_sees_one_flat_slice_per_server(kv):
+    local = labkv.create("local")
+    for store in (local, kv):
+        store.init("s", np.zeros((2, 4), np.float32))
+        store.set_updater(_to_unit_norm)
+        store.push("s", np.ones((2, 4), np.float32))
+    assert len(kv.placement()["s"]) == 2
+    assert np.linalg.norm(local.pull("s")) == pytest.approx(1.0)
+    assert np.linalg.norm(kv.pull("s")) == pytest.approx(2**0.5)  # each slice scaled alone

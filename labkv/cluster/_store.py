@@ -291,9 +291,20 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
 
     # -- barrier, placement, events ------------------------------------------------------
     def _barrier_impl(self) -> None:
-        self.flush()
+        failed = None
+        try:
+            self.flush()
+        except Exception as exc:
+            if getattr(exc, "_labkv_update", None) is None:
+                raise  # a lost server or a timeout: this rank cannot go on
+            # An updater refused a push of this rank: the rank has still reached
+            # the barrier, so it enters it (the other ranks must not wait for it
+            # until their timeout), then raises the updater's error once.
+            failed = exc
         client = self._handle.client if self._handle is not None else None
         self._event_barrier.wait(client)
+        if failed is not None:
+            raise failed
 
     def placement(self) -> dict[Key, list[dict[str, Any]]]:
         """Where every key lives, in the local store's format: per key, its
