@@ -107,6 +107,9 @@ class Device:
         _check_ordinal(self.id)
         _stack()[-1] = self.id
 
+    def synchronize(self) -> None:
+        _check_ordinal(self.id)
+
     @property
     def pci_bus_id(self) -> str:
         _check_ordinal(self.id)
@@ -126,7 +129,11 @@ def _get_device_count() -> int:
     return _count()
 
 
-runtime = types.SimpleNamespace(getDeviceCount=_get_device_count, CUDARuntimeError=CUDARuntimeError)
+runtime = types.SimpleNamespace(
+    getDeviceCount=_get_device_count,
+    deviceSynchronize=lambda: _check_ordinal(_current()),
+    CUDARuntimeError=CUDARuntimeError,
+)
 cuda = types.SimpleNamespace(Device=Device, runtime=runtime, is_available=lambda: _count() > 0)
 
 
@@ -253,9 +260,18 @@ class ndarray(NDArrayOperatorsMixin):
         return self._scalar()
 
     # host transfers (any current device)
-    def get(self, stream: Any = None) -> np.ndarray:
+    def get(self, stream: Any = None, order: str = "C", out: Any = None) -> np.ndarray:
         stats["to_host"] += 1
-        return np.array(self._data, copy=True)
+        if out is None:
+            return np.array(self._data, order=order, copy=True)
+        if not isinstance(out, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
+        if out.dtype != self.dtype:
+            raise TypeError(f"{self.dtype} array cannot be obtained to {out.dtype} array")
+        if out.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {out.shape}, new shape: {self.shape}")
+        out[...] = self._data
+        return out
 
     def set(self, arr: Any, stream: Any = None) -> None:
         if not isinstance(arr, np.ndarray):
