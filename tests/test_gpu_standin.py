@@ -101,6 +101,9 @@ def test_cuda_visible_devices_rotation_maps_ordinals_to_physical_gpus():
         assert cp.cuda.runtime.getDeviceCount() == 1
         with pytest.raises(cp.CUDARuntimeError):
             cp.cuda.Device(1).use()
+    with standin_cupy(physical=2) as cp:
+        cp.configure(2, "")  # set but empty: CUDA sees no GPU
+        assert cp.cuda.runtime.getDeviceCount() == 0 and not cp.cuda.is_available()
 
 
 def test_servers_of_a_dask_cuda_worker_use_its_own_gpu(monkeypatch):

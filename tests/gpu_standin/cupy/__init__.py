@@ -56,7 +56,7 @@ def configure(physical: int | None = None, visible: str | None = None) -> None:
         physical = int(os.environ.get("LABKV_STANDIN_GPUS", "2"))
     if visible is None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    order = list(range(physical)) if visible in (None, "") else []
+    order = list(range(physical)) if visible is None else []  # "": no GPU, as in CUDA
     if visible:
         for part in visible.split(","):
             index = int(part)
