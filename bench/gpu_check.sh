@@ -3,7 +3,7 @@
 # through the device and local stores, home-GPU assignment with the optimizer states, host
 # copies into 0-d and strided GPU arrays, event summaries on the values' GPU, compression's
 # pack helpers, float16 summaries and epsilons, dist_sync servers keeping their values on the
-# workers' GPUs), a 2-worker GPU cluster as users start one (bench/gpu_cluster.py: dask-cuda's
+# workers' GPUs, compressed CuPy pushes travelling packed to them), a 2-worker GPU cluster as users start one (bench/gpu_cluster.py: dask-cuda's
 # LocalCUDACluster when dask_cuda is installed, else workers pinned by CUDA_VISIBLE_DEVICES),
 # the local-store benchmark with CuPy arrays against CuPy's own sum as the bound, and
 # dist_sync with CuPy pushes to host vs GPU servers.

@@ -451,3 +451,30 @@ def test_a_gpu_server_runs_its_kernels_once_on_its_gpu_when_it_starts(standin_ha
         assert warmed > 0  # kernels ran on gpu(1), the server's, before its first push
     finally:
         kv.close()
+
+
+# -- compressed pushes of CuPy values travel packed to GPU servers --------------------------
+def _push_compressed(kv):
+    import cupy
+
+    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})  # each rank's own, as in MXNet
+    grad = cupy.full(1000, 0.6 * (kv.rank + 1), dtype=cupy.float32)  # both send +0.5
+    out = cupy.empty(1000, dtype=cupy.float32)
+    kv.push("w", grad)
+    kv.pull("w", out=out)
+    return out.get()
+
+
+def test_compressed_cupy_pushes_travel_packed_to_gpu_servers(gpu_handle):
+    from labkv.cluster import run
+
+    kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=1, server_device="gpu")
+    try:
+        kv.init("w", np.zeros(1000, np.float32))
+        before = sum(load["bytes_in"] for load in kv.server_load())
+        for pulled in run(_push_compressed, num_workers=2, kvstore=kv):
+            np.testing.assert_array_equal(pulled, np.full(1000, 1.0))
+        after = sum(load["bytes_in"] for load in kv.server_load())
+        assert after - before == 2 * 1000 // 4  # 2 bits a value from each rank
+    finally:
+        kv.close()
