@@ -386,6 +386,9 @@ def test_servers_on_two_workers_use_two_physical_gpus(gpu_handle, option):
         assert len(set(used)) == 2, f"both servers on one GPU: {pieces}"
         # the placement names the physical GPU each server really uses
         assert [n for n, _ in names] == [f"gpu({i}) pci:{u}" for i, u in zip(ordinals, used)]
+        # so does the server load that the monitor's server table shows
+        loads = {load["server"]: load["device"] for load in kv.server_load()}
+        assert [loads[p["server"]] for p in pieces] == [n for n, _ in names]
     finally:
         kv.close()
 
