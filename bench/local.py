@@ -96,14 +96,24 @@ def main() -> None:
             kv.pull(0, out=outs)
 
         def bound(dst=dst, values=values, outs=outs) -> None:
-            xp.add(values[0], values[1], out=dst)
-            xp.add(dst, values[2], out=dst)
-            xp.add(dst, values[3], out=dst)
-            for out in outs:
-                if args.gpu:
-                    out[...] = dst  # copy onto each out's GPU
-                else:
+            if not args.gpu:
+                np.add(values[0], values[1], out=dst)
+                np.add(dst, values[2], out=dst)
+                np.add(dst, values[3], out=dst)
+                for out in outs:
                     np.copyto(out, dst)
+                return
+            # A CuPy kernel takes operands on its current GPU only (without peer access
+            # it raises): a value on another GPU is peer-copied onto dst's first, and
+            # dst onto each out's GPU, as the device store does.
+            with xp.cuda.Device(dst.device.id):
+                here = [v if v.device == dst.device else xp.asarray(v) for v in values]
+                xp.add(here[0], here[1], out=dst)
+                xp.add(dst, here[2], out=dst)
+                xp.add(dst, here[3], out=dst)
+            for out in outs:
+                with xp.cuda.Device(out.device.id):
+                    out[...] = dst if out.device == dst.device else xp.asarray(dst)
 
         inner = max(1, int(2e7 // nbytes))
         t_store, t_bound = interleaved(store_call, bound, rounds, inner, sync)

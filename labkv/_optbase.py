@@ -124,11 +124,19 @@ def _zeros(weight: Any) -> Any:
     return array_module(weight).zeros_like(weight)
 
 
-def _epsilon(dt: Any, value: float) -> Any:
-    """``value`` in the weight's dtype ``dt``, or in float32 where ``dt`` rounds it to 0
-    (``1e-8`` is 0 in float16: the step would divide by ``sqrt(0) + 0``)."""
-    eps = dt(value)
-    return eps if eps != 0 or value == 0 else np.float32(value)
+def _plus_epsilon(x: Any, value: float) -> Any:
+    """``x + value`` in ``x``'s dtype, or in float32 where that dtype rounds ``value``
+    to 0 (``1e-8`` is 0 in float16: a step would divide by ``sqrt(0) + 0``). ``x`` is
+    cast, not only the epsilon: CuPy types a float scalar beside a float16 array by its
+    value, as float16, so a float32 epsilon added alone would still be 0 there.
+
+    >>> _plus_epsilon(np.zeros(1, np.float16), 1e-8).dtype
+    dtype('float32')
+    """
+    eps = x.dtype.type(value)
+    if eps != 0 or value == 0:
+        return x + eps
+    return x.astype(np.float32) + np.float32(value)
 
 
 def create(name: str, **params: Any) -> Optimizer:

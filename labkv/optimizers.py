@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._optbase import Optimizer, _epsilon, _zeros, create, register
+from ._optbase import Optimizer, _plus_epsilon, _zeros, create, register
 from .devices import array_module
 
 __all__ = [
@@ -129,7 +129,7 @@ class Adam(Optimizer):
         b1, b2 = dt(self.beta1), dt(self.beta2)
         mean[...] = b1 * mean + (dt(1.0) - b1) * g
         var[...] = b2 * var + (dt(1.0) - b2) * g * g
-        weight[...] = weight - dt(lr) * mean / (xp.sqrt(var) + _epsilon(dt, self.epsilon))
+        weight[...] = weight - dt(lr) * mean / _plus_epsilon(xp.sqrt(var), self.epsilon)
 
 
 @register
@@ -151,7 +151,7 @@ class AdaGrad(Optimizer):
         g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
         (history,) = state
         history += g * g
-        div = g / xp.sqrt(history + _epsilon(dt, self.float_stable_eps))
+        div = g / xp.sqrt(_plus_epsilon(history, self.float_stable_eps))
         weight += (div + weight * wd) * -lr
 
 
@@ -190,17 +190,19 @@ class RMSProp(Optimizer):
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         self._update_count(index)
         xp, dt = array_module(weight), weight.dtype.type
-        lr, g1, eps = dt(self._get_lr(index)), dt(self.gamma1), _epsilon(dt, self.epsilon)
+        lr, g1 = dt(self._get_lr(index)), dt(self.gamma1)
         g = self._rescaled(grad, weight, add_wd=True, clip_after_wd=True)
         n = state[0]
         n[...] = (dt(1.0) - g1) * g * g + g1 * n
         if self.centered:
             _, mean, delta = state
             mean[...] = (dt(1.0) - g1) * g + g1 * mean
-            delta[...] = dt(self.gamma2) * delta - lr * g / xp.sqrt(n - mean * mean + eps)
+            delta[...] = dt(self.gamma2) * delta - lr * g / xp.sqrt(
+                _plus_epsilon(n - mean * mean, self.epsilon)
+            )
             weight += delta
         else:
-            weight[...] = weight - lr * (g / xp.sqrt(n + eps))
+            weight[...] = weight - lr * (g / xp.sqrt(_plus_epsilon(n, self.epsilon)))
         if self.clip_weights is not None:
             c = dt(self.clip_weights)
             xp.clip(weight, -c, c, out=weight)

@@ -8,7 +8,7 @@ import pytest
 
 import labkv
 
-KINDS = ["dist_sync", "dist_async"]
+KINDS = ["dist_sync", "dist_async", "dist_device_sync"]
 
 
 def _steps(kv, params, seed=0):

@@ -386,6 +386,9 @@ def test_servers_on_two_workers_use_two_physical_gpus(gpu_handle, option):
         assert len(set(used)) == 2, f"both servers on one GPU: {pieces}"
         # the placement names the physical GPU each server really uses
         assert [n for n, _ in names] == [f"gpu({i}) pci:{u}" for i, u in zip(ordinals, used)]
+        # so does the server load that the monitor's server table shows
+        loads = {load["server"]: load["device"] for load in kv.server_load()}
+        assert [loads[p["server"]] for p in pieces] == [n for n, _ in names]
     finally:
         kv.close()
 
@@ -422,19 +425,24 @@ def _standin_stats():
     return {"to_host": cupy.stats["to_host"], "kernels": dict(cupy.stats["kernels"])}
 
 
-def test_a_gpu_server_packs_small_values_on_its_gpu_with_one_copy(standin_handle):
-    client = standin_handle.client
-    kv = labkv.create("dist_sync", cluster=standin_handle, num_servers=1, server_device="gpu")
+def test_a_gpu_server_packs_small_values_on_its_gpu_with_one_copy(gpu_handle, backend):
+    client = gpu_handle.client
+    kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=1, server_device="gpu")
     try:
         keys = list(range(40))
-        kv.init(keys, [np.full(3, k, np.float32) for k in keys])
+        dtypes = [np.float32, np.float16, np.int32, np.float64]
+        values = [np.full(3 if k % 5 else (), k, dtypes[k % 4]) for k in keys]
+        kv.init(keys, values)
         worker = kv.placement()[0][0]["device"].split("@")[1]
-        before = client.run(_standin_stats, workers=[worker])[worker]
+        if backend == "standin":  # the stand-in counts its device-to-host copies
+            before = client.run(_standin_stats, workers=[worker])[worker]
         pulled = kv.pull(keys)
-        after = client.run(_standin_stats, workers=[worker])[worker]
-        assert after["to_host"] - before["to_host"] == 1  # one copy for 40 keys, not 40
-        for k, value in zip(keys, pulled):
-            np.testing.assert_array_equal(value, np.full(3, k))
+        if backend == "standin":
+            after = client.run(_standin_stats, workers=[worker])[worker]
+            assert after["to_host"] - before["to_host"] == 1  # one copy for 40 keys, not 40
+        for value, expected in zip(pulled, values):
+            assert (value.dtype, value.shape) == (expected.dtype, expected.shape)
+            np.testing.assert_array_equal(value, expected)
     finally:
         kv.close()
 
@@ -449,5 +457,32 @@ def test_a_gpu_server_runs_its_kernels_once_on_its_gpu_when_it_starts(standin_ha
         address = kv.placement()["w"][0]["device"].split("@")[1]
         warmed = after[address]["kernels"].get(1, 0) - before[address]["kernels"].get(1, 0)
         assert warmed > 0  # kernels ran on gpu(1), the server's, before its first push
+    finally:
+        kv.close()
+
+
+# -- compressed pushes of CuPy values travel packed to GPU servers --------------------------
+def _push_compressed(kv):
+    import cupy
+
+    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})  # each rank's own, as in MXNet
+    grad = cupy.full(1000, 0.6 * (kv.rank + 1), dtype=cupy.float32)  # both send +0.5
+    out = cupy.empty(1000, dtype=cupy.float32)
+    kv.push("w", grad)
+    kv.pull("w", out=out)
+    return out.get()
+
+
+def test_compressed_cupy_pushes_travel_packed_to_gpu_servers(gpu_handle):
+    from labkv.cluster import run
+
+    kv = labkv.create("dist_sync", cluster=gpu_handle, num_servers=1, server_device="gpu")
+    try:
+        kv.init("w", np.zeros(1000, np.float32))
+        before = sum(load["bytes_in"] for load in kv.server_load())
+        for pulled in run(_push_compressed, num_workers=2, kvstore=kv):
+            np.testing.assert_array_equal(pulled, np.full(1000, 1.0))
+        after = sum(load["bytes_in"] for load in kv.server_load())
+        assert after - before == 2 * 1000 // 4  # 2 bits a value from each rank
     finally:
         kv.close()

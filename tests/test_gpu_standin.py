@@ -101,6 +101,9 @@ def test_cuda_visible_devices_rotation_maps_ordinals_to_physical_gpus():
         assert cp.cuda.runtime.getDeviceCount() == 1
         with pytest.raises(cp.CUDARuntimeError):
             cp.cuda.Device(1).use()
+    with standin_cupy(physical=2) as cp:
+        cp.configure(2, "")  # set but empty: CUDA sees no GPU
+        assert cp.cuda.runtime.getDeviceCount() == 0 and not cp.cuda.is_available()
 
 
 def test_servers_of_a_dask_cuda_worker_use_its_own_gpu(monkeypatch):
@@ -119,3 +122,15 @@ def test_servers_of_a_dask_cuda_worker_use_its_own_gpu(monkeypatch):
             assert devices == [gpu(0)] * 4
             assert device_label(devices[0]) == f"gpu(0) pci:{physical_3}"
         assert pick_server_device("gpu(2)", 0) == gpu(2)  # told otherwise
+
+
+def test_a_float_scalar_beside_a_float16_array_is_typed_by_its_value(cp):
+    # CuPy (through v13) runs float16 + np.float32(1e-8) as a float16 kernel: the
+    # scalar becomes 0 there (numpy 2 would promote the kernel to float32)
+    half = cp.zeros(2, dtype=cp.float16)
+    assert (half + np.float32(1e-8)).dtype == np.float16
+    assert (half + np.float32(1e-8)).get().tolist() == [0.0, 0.0]
+    assert (half + 1e5).dtype == np.float32  # too big for float16: a float32 kernel
+    single = half.astype(cp.float32) + np.float32(1e-8)
+    assert single.dtype == np.float32 and single.get()[0] == np.float32(1e-8)
+    assert cp.where(half > 0, half, np.float32(1e-8)).dtype == np.float16

@@ -13,6 +13,8 @@ strict as CuPy where CuPy is strict:
 - ``set()`` needs a numpy array of the exact dtype and shape, and a contiguous
   destination; ``np.asarray`` of an array raises ``TypeError``; numpy arrays are not
   accepted as kernel operands;
+- a float scalar beside float arrays is typed by its value, as CuPy (through v13)
+  types it: ``float16 array + np.float32(1e-8)`` is a float16 kernel, where it is 0;
 - ``CUDA_VISIBLE_DEVICES`` (read at import) maps device ordinals onto
   ``LABKV_STANDIN_GPUS`` simulated physical GPUs (default 2), each with its own PCI
   bus id, as the CUDA runtime does for a dask-cuda worker.
@@ -54,7 +56,7 @@ def configure(physical: int | None = None, visible: str | None = None) -> None:
         physical = int(os.environ.get("LABKV_STANDIN_GPUS", "2"))
     if visible is None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    order = list(range(physical)) if visible in (None, "") else []
+    order = list(range(physical)) if visible is None else []  # "": no GPU, as in CUDA
     if visible:
         for part in visible.split(","):
             index = int(part)
@@ -105,6 +107,9 @@ class Device:
         _check_ordinal(self.id)
         _stack()[-1] = self.id
 
+    def synchronize(self) -> None:
+        _check_ordinal(self.id)
+
     @property
     def pci_bus_id(self) -> str:
         _check_ordinal(self.id)
@@ -124,7 +129,11 @@ def _get_device_count() -> int:
     return _count()
 
 
-runtime = types.SimpleNamespace(getDeviceCount=_get_device_count, CUDARuntimeError=CUDARuntimeError)
+runtime = types.SimpleNamespace(
+    getDeviceCount=_get_device_count,
+    deviceSynchronize=lambda: _check_ordinal(_current()),
+    CUDARuntimeError=CUDARuntimeError,
+)
 cuda = types.SimpleNamespace(Device=Device, runtime=runtime, is_available=lambda: _count() > 0)
 
 
@@ -148,6 +157,26 @@ def _kernel(*operands: Any) -> int:
         elif isinstance(operand, np.ndarray):
             raise TypeError(f"Unsupported type {type(operand)}")
     return current
+
+
+_KIND_SCORE = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+
+
+def _typed_as_cupy(operands: Any) -> tuple:
+    """The operands of an elementwise kernel, a float scalar typed as CuPy types it.
+
+    CuPy (through v13) types a scalar beside arrays of the same or a higher kind by
+    its value (numpy's legacy ``min_scalar_type``), not by its dtype, then casts it to
+    the kernel's type: with a float16 array, ``np.float32(1e-8)`` makes a float16
+    kernel in which it is 0. numpy 2 (NEP 50) would run that kernel in float32.
+    """
+    kinds = [_KIND_SCORE.get(o.dtype.kind, 4) for o in operands if isinstance(o, ndarray)]
+    scalars = [o for o in operands if isinstance(o, (float, np.floating))]
+    if not scalars or not kinds or max(kinds) < _KIND_SCORE["f"]:
+        return tuple(operands)
+    inexact = [o.dtype for o in operands if isinstance(o, ndarray) and o.dtype.kind in "fc"]
+    kernel = np.result_type(*inexact, *(np.min_scalar_type(o) for o in scalars))
+    return tuple(kernel.type(o) if isinstance(o, (float, np.floating)) else o for o in operands)
 
 
 def _wrap(data: Any, device: int) -> Any:
@@ -231,9 +260,18 @@ class ndarray(NDArrayOperatorsMixin):
         return self._scalar()
 
     # host transfers (any current device)
-    def get(self, stream: Any = None) -> np.ndarray:
+    def get(self, stream: Any = None, order: str = "C", out: Any = None) -> np.ndarray:
         stats["to_host"] += 1
-        return np.array(self._data, copy=True)
+        if out is None:
+            return np.array(self._data, order=order, copy=True)
+        if not isinstance(out, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
+        if out.dtype != self.dtype:
+            raise TypeError(f"{self.dtype} array cannot be obtained to {out.dtype} array")
+        if out.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {out.shape}, new shape: {self.shape}")
+        out[...] = self._data
+        return out
 
     def set(self, arr: Any, stream: Any = None) -> None:
         if not isinstance(arr, np.ndarray):
@@ -324,6 +362,8 @@ class ndarray(NDArrayOperatorsMixin):
         device = _kernel(*inputs, *outs)
         if outs:
             kwargs["out"] = tuple(_data(o) for o in outs)
+        if method == "__call__":
+            inputs = _typed_as_cupy(inputs)
         result = getattr(ufunc, method)(*(_data(i) for i in inputs), **kwargs)
         if outs:
             return outs[0] if len(outs) == 1 else outs
@@ -425,12 +465,26 @@ def _function(name: str) -> Any:
             raise TypeError(f"cupy.{name} needs a cupy array argument")
         if out is not None:
             kwargs["out"] = out._data
+        if name in _ELEMENTWISE:
+            args = _typed_as_cupy(args)
         result = numpy_function(*(_data(a) for a in args), **kwargs)
         return out if out is not None else _wrap(np.asarray(result), device)
 
     kernel.__name__ = name
     return kernel
 
+
+_ELEMENTWISE = {
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "true_divide",
+    "maximum",
+    "minimum",
+    "clip",
+    "where",
+}
 
 for _name in [
     "add",
