@@ -14,6 +14,7 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError
+from tests._waiting import wait_until
 
 STEPS = 30
 KEYS = ["w", "b"]
@@ -274,3 +275,34 @@ def test_pushes_in_flight_to_a_killed_primary_are_not_waited_for_on_two_workers(
             assert time.monotonic() - started < 15
     finally:
         handle.close()
+
+
+def test_a_watched_store_counts_the_pushes_replayed_to_its_new_primary(handle3):
+    # The new primary streams its events before the pushes not yet acknowledged are
+    # replayed to it; it used to start streaming after the replay, so the monitor's
+    # keys table missed every push of the failover.
+    from labkv.widgets import monitor
+
+    handle3.client.wait_for_workers(3, timeout=60)
+    kv = labkv.create("dist_sync", cluster=handle3, num_servers=1, replicas=2, timeout=30)
+    mon = monitor(kv)
+    try:
+        kv.init("w", np.zeros(4, np.float32))
+        kv.set_optimizer("sgd", learning_rate=0.1, momentum=0.9)
+        for step in range(20):
+            if step == 8:  # the pushes before are in flight or held: most are replayed
+                _kill(handle3, kv.placement()["w"][0]["replicas"][0])
+            kv.push("w", np.full(4, np.sin(step), np.float32))
+        kv.pull("w")
+
+        def counted():
+            mon.refresh()
+            stats = mon.model.keys.get("w")
+            return stats is not None and stats.pushes >= 12 and stats.updates >= 12
+
+        # steps 8-19 reached only the new primary, which streams them
+        assert wait_until(counted, timeout=10.0), mon.model.keys.get("w")
+        assert mon.model.counts["failover"] == 1
+    finally:
+        mon.close()
+        kv.close()

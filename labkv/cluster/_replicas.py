@@ -108,7 +108,8 @@ class ReplicatedLink(ServerLink):
     primary first), each reached through ``make_link(sid, address, actor_key)``
     (or the given ``links``); ``on_failover(sid, old, replicas)`` hears each
     failover this link makes (``old``: the lost primary's worker) and each
-    backup it learns is lost (``old`` None)."""
+    backup it learns is lost (``old`` None); ``on_promoted(link)`` hears of a
+    new primary before the kept pushes are replayed to it."""
 
     replicated = True
 
@@ -120,8 +121,10 @@ class ReplicatedLink(ServerLink):
         links: list[ServerLink] | None = None,
         on_failover: Callable[[int, str | None, list[str]], None] | None = None,
         alive: Callable[[str], bool] | None = None,
+        on_promoted: Callable[[ReplicatedLink], None] | None = None,
     ):
         self.members = [Peer._make(m) for m in members]
+        self.on_promoted = on_promoted
         super().__init__(sid, self.members[0].address)
         self.make_link, self.on_failover, self.alive = make_link, on_failover, alive
         if links is None:
@@ -261,6 +264,8 @@ class ReplicatedLink(ServerLink):
                 f"{gone}), with its keys' values and optimizer states"
             )
         self.adopt(epoch, members)
+        if self.on_promoted is not None:
+            self.on_promoted(self)
         with self.lock:
             first = min(self.kept) if self.kept else sent
             pushes = [self.kept[q] for q in sorted(self.kept)]
@@ -292,6 +297,7 @@ def replicated_links(
     handle: Any,
     actors: list[Any] | None,
     on_failover: Callable[[int, str | None, list[str]], None] | None = None,
+    on_promoted: Callable[[ReplicatedLink], None] | None = None,
 ) -> list[ReplicatedLink]:
     """The links of a store whose servers have replicas (``spec.replica_members``):
     through the ``actors`` handles (all replicas, replica-major, as
@@ -332,7 +338,7 @@ def replicated_links(
             given = [
                 ActorLink(s, a, actors[r * num_servers + s]) for r, (a, _) in enumerate(members)
             ]
-        links.append(ReplicatedLink(s, members, make, given, on_failover, alive))
+        links.append(ReplicatedLink(s, members, make, given, on_failover, alive, on_promoted))
     return links
 
 

@@ -21,6 +21,7 @@ Choices made here, and why:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import defaultdict
 from collections.abc import Callable
@@ -83,7 +84,9 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         if links is None:
             addresses = spec.server_addresses
             if spec.replicas > 1:
-                links = replicated_links(spec, handle, replica_actors, self._failed_over)
+                links = replicated_links(
+                    spec, handle, replica_actors, self._failed_over, self._promoted
+                )
             elif handle is not None:
                 links = [ActorLink(s, a, x) for s, (a, x) in enumerate(zip(addresses, servers))]
             else:  # a rank: servers on its own Dask worker are called in-process
@@ -182,6 +185,16 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
     def _check_replicated_updater(self, updater: Callable | None, pieces: dict) -> None:
         if self._spec.replicas > 1:
             check_replicated_updater(updater, pieces)
+
+    def _promoted(self, link: Any) -> None:
+        """A new primary of server ``link.sid`` streams its events (to a watched
+        notebook store) before the pushes not yet acknowledged are replayed to it,
+        so that the monitor counts them too."""
+        if self._handle is None or not self.events.active:
+            return
+        detail = (self.events.detail_interval, self.events.detail_burst)
+        with contextlib.suppress(Exception):  # _failed_over tries again after the replay
+            link.primary.call("streaming", True, *detail).result(self._spec.timeout)
 
     def _failed_over(self, sid: int, old: str | None, replicas: list[str]) -> None:
         """Server ``sid`` lost a replica (see :func:`._reseed.replica_lost`)."""
