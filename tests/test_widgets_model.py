@@ -124,6 +124,34 @@ def test_log_is_newest_first_filterable_and_bounded():
     assert len(rows) == 5 and {r[1] for r in rows} == {"push"}
 
 
+def test_failover_and_reseed_rows_say_what_changed_and_can_be_filtered():
+    model = MonitorModel()
+    bus = EventBus("s")
+    bus.subscribe(model.on_event)
+    bus.emit("push", "w", nbytes=8)
+    lost = {"lost": ["tcp://a:1"], "replicas": ["tcp://b:2"], "primary": "tcp://b:2"}
+    bus.emit("failover", None, server=0, extra={**lost, "promoted": True})
+    bus.emit(
+        "reseed",
+        None,
+        server=0,
+        extra={"added": "tcp://c:3", "replicas": ["tcp://b:2", "tcp://c:3"]},
+    )
+    model.flush()
+    (failover,) = log_table(model, op="failover")[1]
+    assert failover[1] == "failover" and failover[-1] == (
+        "lost tcp://a:1; replicas now tcp://b:2 (primary first)"
+    )
+    (reseed,) = log_table(model, op="reseed")[1]
+    assert reseed[-1] == "seeded tcp://c:3; replicas now tcp://b:2, tcp://c:3 (primary first)"
+    kv = labkv.create("local")
+    mon = monitor(kv)
+    _ = mon.widget  # the dashboard is made when first shown
+    ops = [value for _, value in mon.dashboard.op_filter.options]
+    assert {"failover", "reseed"} <= set(ops)
+    mon.close()
+
+
 def test_pending_events_stay_bounded_without_a_flush():
     model = MonitorModel(max_pending=100)
     bus = EventBus("s")

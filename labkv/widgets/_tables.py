@@ -206,9 +206,26 @@ def _event_value(e: Event) -> str:
     if e.op == "round":
         x = e.extra
         return f"round {x.get('round')} pushed {sorted(x.get('pushed', ()))} missing {sorted(x.get('missing', ()))}"
+    if e.op in ("failover", "reseed"):
+        return _group_change(e.extra)
     if e.after is not None:
         return f"{fmt_summary(e.before)} -> {fmt_summary(e.after)}"
     return fmt_summary(e.summary)
+
+
+def _group_change(x: dict) -> str:
+    """What a ``failover`` or ``reseed`` event did to a server's replicas.
+
+    >>> _group_change({"lost": ["tcp://a:1"], "replicas": ["tcp://b:2"]})
+    'lost tcp://a:1; replicas now tcp://b:2 (primary first)'
+    """
+    parts = []
+    if x.get("lost"):
+        parts.append(f"lost {', '.join(x['lost'])}")
+    if x.get("added"):
+        parts.append(f"seeded {x['added']}")
+    parts.append(f"replicas now {', '.join(x.get('replicas', ()))} (primary first)")
+    return "; ".join(parts)
 
 
 def reads_as(e: Event) -> str:

@@ -38,7 +38,7 @@ from ._tables import (
 
 __all__ = ["TAB_TITLES", "Dashboard", "ValueState"]
 
-_OPS = ["init", "push", "pull", "update", "optimizer", "round"]
+_OPS = ["init", "push", "pull", "update", "optimizer", "round", "failover", "reseed"]
 
 
 class ValueState:
