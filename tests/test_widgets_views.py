@@ -269,7 +269,7 @@ def test_compact_layout_constant_value_and_caption(watched):
     assert (plots.mapper.low + plots.mapper.high) / 2 == 10.0
     # the caption is two lines that do not wrap
     assert "</span> <br><span>min 10" in d.value_caption.value
-    assert "1 event · 1 key · init 1" in d.header.value
+    assert "1 event (init 1) · 1 key" in d.header.value
 
 
 def test_timeline_shows_a_straggler_and_the_waits_for_it(watched):

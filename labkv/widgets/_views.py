@@ -256,7 +256,10 @@ class Dashboard:
             total, dropped = model.events_seen, model.dropped_keys
         state = f" ({'; '.join(('closed', *notes))})" if closed else ""
         extra = f" · {dropped} events of untracked keys" if dropped else ""
-        summary = f"{_count(total, 'event')} · {_count(len(keys), 'key')} · {counts}{extra}"
+        # Events, not calls: a dist store's push is one event on the rank and one on
+        # its server (the keys table counts it once).
+        by_op = f" ({counts})" if counts else ""
+        summary = f"{_count(total, 'event')}{by_op} · {_count(len(keys), 'key')}{extra}"
         _set(self.header, value=f"<b>labkv monitor</b> {esc(title)}{state}: {summary}")
         if keys != self._known_keys:
             self._known_keys = keys
