@@ -224,6 +224,8 @@ def _group_change(x: dict) -> str:
         parts.append(f"lost {', '.join(x['lost'])}")
     if x.get("added"):
         parts.append(f"seeded {x['added']}")
+    if x.get("error"):  # a re-seed that failed: the store carries on with fewer replicas
+        parts.append(f"no new replica: {x['error']}")
     parts.append(f"replicas now {', '.join(x.get('replicas', ()))} (primary first)")
     return "; ".join(parts)
 
