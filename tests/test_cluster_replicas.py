@@ -234,3 +234,55 @@ def test_a_big_push_kept_for_a_resend_is_a_copy_of_what_was_pushed():
         got = in_threads(lambda: r0.pull("w"), lambda: r1.pull("w"))
         for value in got:
             np.testing.assert_array_equal(value[:3], [3.0, 3.0, 3.0])
+
+
+@pytest.mark.parametrize("told_before_the_loss", [False, True])
+def test_a_failed_round_reaches_each_rank_once_across_a_failover(told_before_the_loss):
+    def updater(key, grad, stored):
+        if grad[0] > 10:
+            raise ValueError("too big")
+        stored += grad
+
+    with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init("w", np.zeros(2, np.float32))
+        r0.set_updater(updater)
+        r0.push("w", np.full(2, 6.0, np.float32))
+        r0.flush()  # rank 0's push is in the round; rank 1's completes it
+        r1.push("w", np.full(2, 6.0, np.float32))
+        with pytest.raises(ValueError, match="too big"):
+            r1.pull("w")  # the round failed: told to the rank that completed it at once
+        if told_before_the_loss:
+            with pytest.raises(ValueError, match="too big"):
+                r0.pull("w")
+        c.group.kill(0)  # the backup takes over, with what each rank was told
+        if not told_before_the_loss:
+            with pytest.raises(ValueError, match="too big"):
+                r0.pull("w")  # still owed to rank 0, by the new primary
+        for kv in (r0, r1):  # nobody is told twice; the value never changed
+            np.testing.assert_array_equal(kv.pull("w"), [0.0, 0.0])
+
+
+def test_a_replica_seeded_after_a_failed_round_owes_it_to_the_same_ranks():
+    def updater(key, grad, stored):
+        if grad[0] > 10:
+            raise ValueError("too big")
+        stored += grad
+
+    with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init(["w", "b"], [np.zeros(2, np.float32), np.zeros(1, np.float32)])
+        r0.set_updater(updater)
+        r0.push(["w", "b"], [np.full(2, 6.0, np.float32), np.full(1, 6.0, np.float32)])
+        r0.flush()
+        r1.push(["w", "b"], [np.full(2, 6.0, np.float32), np.full(1, 6.0, np.float32)])
+        with pytest.raises(ValueError, match="too big"):
+            r1.pull("w")  # told at once: the round of both keys failed
+        seeded = c.group.reseed(0)
+        owed = seeded.rounds["b"].report_to(r0._calls.sender)
+        assert isinstance(owed, ValueError) and "too big" in str(owed)
+        # one failure for both keys: rank 0, told of it for "b", is not told again for "w"
+        assert seeded.rounds["w"].report_to(r0._calls.sender) is None
+        assert seeded.rounds["w"].report_to(r1._calls.sender) is None  # told before the seed

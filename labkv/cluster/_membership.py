@@ -20,6 +20,7 @@ from ..devices import to_device
 from ..optimizers import Optimizer
 from ._device import host_copy
 from ._errors import answered
+from ._rounds import Failure
 from ._wire import Peer
 
 __all__ = ["Membership"]
@@ -105,7 +106,21 @@ class Membership:
             "updater": None if shard.updater is None else cloudpickle.dumps(shard.updater),
             "next_seq": dict(self.next_seq),
             "applied_seq": dict(self.applied_seq),
+            "failures": self._owed_failures(),
         }
+
+    def _owed_failures(self) -> bytes:
+        """The failed dist_sync rounds still owed to some rank, cloudpickled (an
+        updater's error may be of a notebook's class): each failure once, with
+        the ``(key, round)`` of each round it failed (one failure may close the
+        rounds of several keys, and a rank told of it is told for all)."""
+        failures: dict[int, tuple[Failure, list]] = {}
+        for key, r in self.rounds.rounds.items():
+            for g, failure in r.failures.items():
+                failures.setdefault(id(failure), (failure, []))[1].append((key, g))
+        return cloudpickle.dumps(
+            [(f.error, f.keys, f.untold, rounds) for f, rounds in failures.values()]
+        )
 
     @answered
     async def seed(self, snap: dict[str, Any]) -> None:
@@ -128,4 +143,8 @@ class Membership:
         self.issued = self.acked = snap["index"]
         self.epoch = snap["epoch"]
         self.next_seq, self.applied_seq = dict(snap["next_seq"]), dict(snap["applied_seq"])
+        for error, keys, untold, rounds in pickle.loads(snap["failures"]):
+            failure = Failure(error, self.sid, keys, untold)
+            for key, g in rounds:
+                self.rounds[key].failures[g] = failure
         self._wake()

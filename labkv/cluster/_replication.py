@@ -39,7 +39,7 @@ from ..devices import to_device
 from ._device import host_view
 from ._errors import answered
 from ._membership import Membership
-from ._rounds import pushed_by
+from ._rounds import Failure, pushed_by
 from ._transport import POLL_S
 from ._wire import Peer, decode_entry, encode_entry
 
@@ -105,8 +105,12 @@ class Replication(Membership):
         except Exception as exc:  # the round still ends, so no rank waits forever
             numbers = {k: r.done for k, r in rounds.items()}
             failure = self._failure(exc, keys, pushed_by(keys, rounds), numbers)
+            # The backups owe it to every rank but this one, which is told now.
+            owed = {s: seqs for s, seqs in failure.untold.items() if s != sender}
             self._issue_failed(
-                keys, [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
+                keys,
+                [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()],
+                ("failed", failure.error, owed),
             )
             for key in keys:
                 self._finish(key, failure)
@@ -130,13 +134,27 @@ class Replication(Membership):
         if items:
             self._issue(items, pushes)
 
-    def _issue_failed(self, keys: list[Key], pushes: list[tuple]) -> None:
+    def _issue_failed(
+        self, keys: list[Key], pushes: list[tuple], note: tuple | None = None
+    ) -> None:
         """Log an update that failed (its updater raised; nothing changed): the
         backups count its pushes as done and close its rounds, so that a resend
-        after a failover does not run it again."""
-        self._issue([(k, None) for k in keys], pushes)
+        after a failover does not run it again; a dist_sync round's ``note``
+        (see :func:`~._wire.encode_entry`) says to which ranks it is still owed."""
+        self._issue([(k, None) for k in keys], pushes, note=note)
 
-    def _issue(self, updates: list[tuple[Key, Any]], pushes: list[tuple], then: Any = None) -> int:
+    def _issue_told(self, sender: str, keys: list[Key]) -> None:
+        """Log that ``sender`` was told of the earliest failed round of ``keys``,
+        so that a new primary does not tell it again."""
+        self._issue([], [], note=("told", sender, keys))
+
+    def _issue(
+        self,
+        updates: list[tuple[Key, Any]],
+        pushes: list[tuple],
+        then: Any = None,
+        note: tuple | None = None,
+    ) -> int:
         """Forward ``updates`` (applied here) to the backups; ``then()`` runs once
         every live backup has applied them (and those before)."""
         self._note_pushes(pushes)
@@ -147,7 +165,7 @@ class Replication(Membership):
         if not backups:
             self._entry_acked(index)
         else:
-            entry = encode_entry(index, [(k, _host(v)) for k, v in updates], pushes)
+            entry = encode_entry(index, [(k, _host(v)) for k, v in updates], pushes, note)
             task = asyncio.ensure_future(self._forward(backups, entry))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -259,7 +277,7 @@ class Replication(Membership):
     async def replicate(self, entry: tuple) -> None:
         """A backup applies the primary's log entry ``(index, updates, pushes)``
         once every entry before it is applied."""
-        index, updates, pushes = decode_entry(entry)
+        index, updates, pushes, note = decode_entry(entry)
         await self._wait(
             lambda: self.seeded and self.issued >= index,
             lambda: f"update {self.issued} from the primary never arrived (got {index})",
@@ -271,10 +289,24 @@ class Replication(Membership):
         ]
         self._apply_entry(on_device, pushes)
         if self.sync:
-            for key, _ in updates:
-                self.rounds[key].finish()
+            self._note_failures(note, updates)
         self.issued = index + 1
         self._wake()
+
+    def _note_failures(self, note: tuple | None, updates: list[tuple[Key, Any]]) -> None:
+        """A backup's dist_sync rounds after an entry: each updated key's round
+        closes, a failed one owed to the ranks the ``note`` names; a ``told``
+        note crosses a failure off for the rank the primary told."""
+        failure = None
+        if note is not None and note[0] == "failed":
+            _, error, owed = note
+            failure = Failure(error, self.sid, [k for k, v in updates if v is None], owed)
+        for key, value in updates:
+            self.rounds[key].finish(failure if value is None else None)
+        if note is not None and note[0] == "told":
+            _, sender, keys = note
+            for key in keys:
+                self.rounds[key].report_to(sender)
 
     @answered
     async def replay(self, sender: str, first_seq: int, pushes: list[Any]) -> tuple:

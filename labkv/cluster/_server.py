@@ -374,6 +374,8 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
         for key in keys:  # an update that failed reaches each rank once
             failed = self.rounds[key].report_to(sender)
             if failed is not None:
+                if self.group is not None:  # the backups cross it off too
+                    self._issue_told(sender, [key])
                 raise failed
         if self.group is not None:
             await self._replicated()
