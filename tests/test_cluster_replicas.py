@@ -236,23 +236,32 @@ def test_a_big_push_kept_for_a_resend_is_a_copy_of_what_was_pushed():
             np.testing.assert_array_equal(value[:3], [3.0, 3.0, 3.0])
 
 
+def _too_big(key, grad, stored):
+    if grad[0] > 10:
+        raise ValueError("too big")
+    stored += grad
+
+
+def _fail_a_round(c, keys, sizes):
+    """Both ranks push 6 to ``keys`` (rank 1 completing the round), whose update
+    of 12 fails; rank 1 is told at once. The two ranks."""
+    r0, r1 = c.ranks
+    for kv in c.ranks:
+        kv.init(keys, [np.zeros(n, np.float32) for n in sizes])
+    r0.set_updater(_too_big)
+    grads = [np.full(n, 6.0, np.float32) for n in sizes]
+    r0.push(keys, grads)
+    r0.flush()  # rank 0's push is in the round; rank 1's completes it
+    r1.push(keys, grads)
+    with pytest.raises(ValueError, match="too big"):
+        r1.pull(keys[0])  # the round failed: told to the rank that completed it at once
+    return r0, r1
+
+
 @pytest.mark.parametrize("told_before_the_loss", [False, True])
 def test_a_failed_round_reaches_each_rank_once_across_a_failover(told_before_the_loss):
-    def updater(key, grad, stored):
-        if grad[0] > 10:
-            raise ValueError("too big")
-        stored += grad
-
     with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
-        r0, r1 = c.ranks
-        for kv in c.ranks:
-            kv.init("w", np.zeros(2, np.float32))
-        r0.set_updater(updater)
-        r0.push("w", np.full(2, 6.0, np.float32))
-        r0.flush()  # rank 0's push is in the round; rank 1's completes it
-        r1.push("w", np.full(2, 6.0, np.float32))
-        with pytest.raises(ValueError, match="too big"):
-            r1.pull("w")  # the round failed: told to the rank that completed it at once
+        r0, r1 = _fail_a_round(c, ["w"], [2])
         if told_before_the_loss:
             with pytest.raises(ValueError, match="too big"):
                 r0.pull("w")
@@ -265,21 +274,8 @@ def test_a_failed_round_reaches_each_rank_once_across_a_failover(told_before_the
 
 
 def test_a_replica_seeded_after_a_failed_round_owes_it_to_the_same_ranks():
-    def updater(key, grad, stored):
-        if grad[0] > 10:
-            raise ValueError("too big")
-        stored += grad
-
     with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
-        r0, r1 = c.ranks
-        for kv in c.ranks:
-            kv.init(["w", "b"], [np.zeros(2, np.float32), np.zeros(1, np.float32)])
-        r0.set_updater(updater)
-        r0.push(["w", "b"], [np.full(2, 6.0, np.float32), np.full(1, 6.0, np.float32)])
-        r0.flush()
-        r1.push(["w", "b"], [np.full(2, 6.0, np.float32), np.full(1, 6.0, np.float32)])
-        with pytest.raises(ValueError, match="too big"):
-            r1.pull("w")  # told at once: the round of both keys failed
+        r0, r1 = _fail_a_round(c, ["w", "b"], [2, 1])  # the round of both keys failed
         seeded = c.group.reseed(0)
         owed = seeded.rounds["b"].report_to(r0._calls.sender)
         assert isinstance(owed, ValueError) and "too big" in str(owed)
