@@ -11,11 +11,16 @@ blocks of iterations on one store and then the other, many times, and the
 table gives the median time per iteration of each and the median of the
 per-block-pair ratios. Alternating blocks makes the ratio robust to the load
 of a shared machine drifting during the run, which ``bench/dist.py``'s
-separate runs are not. A benchmark, not a test: it prints, it asserts nothing.
+separate runs are not. ``R=1 CPU ms`` is the CPU time the two worker
+processes (ranks and servers together) spent per iteration, and ``CPU R/1``
+the ratio of it with R replicas: where the CPU time is about cores x wall time
+and its ratio is close to the time ratio, the replicas' extra work, not their
+waiting, sets the cost. A benchmark, not a test: it prints, it asserts nothing.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from statistics import median
@@ -33,7 +38,8 @@ CASES = {
 
 def _ranks(kv, specs, case, pairs):
     """Alternate blocks on the store with one replica and the one with two;
-    per block pair, the seconds per iteration of each."""
+    per block pair, the seconds per iteration of each, and the CPU seconds per
+    iteration of this rank's worker process (its servers included)."""
     from labkv.cluster._store import DistStore
 
     sizes, block = CASES[case]
@@ -54,11 +60,11 @@ def _ranks(kv, specs, case, pairs):
     for _ in range(pairs):
         pair = []
         for store in stores:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             for _ in range(block):
                 store.push(keys, grads)
                 store.pull(keys, out=outs)
-            pair.append((time.perf_counter() - t) / block)
+            pair.append(((time.perf_counter() - t) / block, (time.process_time() - cpu) / block))
         times.append(pair)
     return times
 
@@ -74,9 +80,14 @@ def main(quick: bool = False, replicas: int = 2) -> None:
             f"dist_sync, W = 2 ranks on {workers} workers, push+pull per iteration; "
             f"replicas = {replicas} keeps each server's copies on {replicas} workers"
         )
-        print(f"(median of {pairs} alternating block pairs per case)")
-        r_ms, ratio_name = f"R={replicas} ms", f"R={replicas} / R=1"
-        print(f"{'case':<12}{'S':>3}{'R=1 ms':>10}{r_ms:>10}{ratio_name:>11}")
+        print(
+            f"(median of {pairs} alternating block pairs per case; {os.cpu_count()} CPU cores here)"
+        )
+        r_ms, ratio_name, cpu_name = f"R={replicas} ms", f"R={replicas} / R=1", "CPU R/1"
+        print(
+            f"{'case':<12}{'S':>3}{'R=1 ms':>10}{r_ms:>10}{ratio_name:>11}"
+            f"{'R=1 CPU ms':>12}{cpu_name:>9}"
+        )
         for servers in (1, 2):
             for case in CASES:
                 made = [
@@ -91,13 +102,22 @@ def main(quick: bool = False, replicas: int = 2) -> None:
                 ]
                 per_rank = run(_ranks, num_workers=2, cluster=handle, args=(specs, case, pairs))
                 # per pair, the slower rank's time (the ranks wait for each other)
+                # and the CPU of both ranks' processes
                 pair_times = [
-                    [max(rank[i][r] for rank in per_rank) for r in (0, 1)] for i in range(pairs)
+                    [max(rank[i][r][0] for rank in per_rank) for r in (0, 1)] for i in range(pairs)
+                ]
+                pair_cpu = [
+                    [sum(rank[i][r][1] for rank in per_rank) for r in (0, 1)] for i in range(pairs)
                 ]
                 one = median(t[0] for t in pair_times)
                 two = median(t[1] for t in pair_times)
                 ratio = median(t[1] / t[0] for t in pair_times)
-                print(f"{case:<12}{servers:>3}{one * 1e3:>10.2f}{two * 1e3:>10.2f}{ratio:>11.2f}")
+                one_cpu = median(c[0] for c in pair_cpu)
+                cpu = median(c[1] / c[0] for c in pair_cpu)
+                print(
+                    f"{case:<12}{servers:>3}{one * 1e3:>10.2f}{two * 1e3:>10.2f}"
+                    f"{ratio:>11.2f}{one_cpu * 1e3:>12.2f}{cpu:>9.2f}"
+                )
                 for store in made:
                     store.close()
 

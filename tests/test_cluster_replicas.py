@@ -273,6 +273,19 @@ def test_a_failed_round_reaches_each_rank_once_across_a_failover(told_before_the
             np.testing.assert_array_equal(kv.pull("w"), [0.0, 0.0])
 
 
+def test_a_failed_round_told_by_a_primary_that_died_before_noting_it_is_not_raised_again():
+    with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
+        r0, r1 = _fail_a_round(c, ["w"], [2])
+        primary = c.group.replicas_of[0][0]
+        primary._issue_told = lambda sender, keys: None  # the note dies with the primary
+        with pytest.raises(ValueError, match="too big"):
+            r0.pull("w")
+        c.group.kill(0)  # the new primary still owes it to rank 0, and tells it again
+        np.testing.assert_array_equal(r0.pull("w"), [0.0, 0.0])  # which raises it once
+        (failure,) = c.group.replicas_of[0][1].rounds["w"].failures.values()
+        assert failure.untold == {}  # owed to nobody now
+
+
 def test_a_replica_seeded_after_a_failed_round_owes_it_to_the_same_ranks():
     with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
         r0, r1 = _fail_a_round(c, ["w", "b"], [2, 1])  # the round of both keys failed

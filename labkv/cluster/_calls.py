@@ -55,6 +55,7 @@ class Calls:
         # Replicated servers (see _replicas): pushes are kept until acknowledged,
         # and a call that finds its primary lost fails over and is made again.
         self.replicated = any(getattr(link, "replicated", False) for link in links)
+        self.told: set[tuple] = set()  # the failed updates raised here (see _told_before)
 
     def call(self, s: int, method: str, *args: Any) -> Any:
         """Call ``method(*args)`` on server ``s`` after sending the held pushes,
@@ -82,7 +83,8 @@ class Calls:
     def _wait_replicated(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
         """:meth:`wait` with failover: a call whose primary is lost waits for the
         failover (the kept pushes replayed), then is made again on the new
-        primary (a push not: the replay carried it)."""
+        primary (a push not: the replay carried it). A failed update this rank
+        was already told of is not raised again: the call is made again."""
         results, first_error = [], None
         for s, future in calls:
             link = self.links[s]
@@ -97,10 +99,18 @@ class Calls:
                         break
                     continue
                 try:
-                    waited = wait_all([(link, future)], what, self.timeout, self.on_server_error)
+                    waited = wait_all([(link, future)], what, self.timeout)
                     results.append(waited[0])
                     break
                 except Exception as exc:
+                    if self._told_before(exc):
+                        future = self._again(link, future)
+                        if future is None:
+                            results.append(None)
+                            break
+                        continue
+                    if hasattr(exc, "_labkv_server") and self.on_server_error is not None:
+                        self.on_server_error(exc)
                     if not (is_lost(exc) and getattr(link, "replicated", False)):
                         first_error = first_error or exc
                         results.append(None)
@@ -127,6 +137,19 @@ class Calls:
         if first_error is not None:
             raise first_error
         return results
+
+    def _told_before(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a failed update this rank has raised already (a
+        primary that told it, then died before the backups learned so, is
+        followed by one that tells it again); notes it as told if not."""
+        update = getattr(exc, "_labkv_update", None)
+        if update is None:
+            return False
+        told = (update["server"], tuple(sorted(update["seqs"].items(), key=repr)))
+        if told in self.told:
+            return True
+        self.told.add(told)
+        return False
 
     @staticmethod
     def _again(link: ServerLink, future: Any) -> Any:
