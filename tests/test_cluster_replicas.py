@@ -60,13 +60,16 @@ def _train(c, steps, kill_at=None, kill=lambda c: c.group.kill(0)):
         ("dist_sync", 3),
         ("dist_device_sync", 2),
         ("dist_async_device", 2),
+        ("dist_ssp", 2),
     ],
 )
 def test_killing_a_primary_mid_run_changes_no_number(kind, replicas):
-    num_workers = 1 if "async" in kind else 2  # one async rank: a deterministic order
-    with replicated(kind, num_workers=num_workers, bigarray_bound=16) as c:
+    # one rank pushing as it goes (dist_async, dist_ssp): a deterministic order
+    num_workers = 1 if "async" in kind or kind == "dist_ssp" else 2
+    kw = {"staleness": 1} if kind == "dist_ssp" else {}
+    with replicated(kind, num_workers=num_workers, bigarray_bound=16, **kw) as c:
         undisturbed, states = _train(c, 12)
-    with replicated(kind, num_workers=num_workers, bigarray_bound=16, replicas=replicas) as c:
+    with replicated(kind, num_workers=num_workers, bigarray_bound=16, replicas=replicas, **kw) as c:
         values, states_after = _train(c, 12, kill_at=5)
         assert c.group.servers_by_name(0)[0].primary  # the backup took over
     for a, b in zip(values, undisturbed, strict=True):
@@ -176,13 +179,32 @@ def test_a_custom_updater_on_a_sliced_key_is_refused_and_changes_nothing():
 def test_replicas_are_checked_before_anything_starts():
     from labkv.cluster._servers import check_replicas
 
-    assert check_replicas("dist_sync", 2) == 2
+    assert check_replicas(2) == 2
     for bad in (0, -1, 1.5, "2", True):
         with pytest.raises(ValueError, match="replicas must be a positive int"):
-            check_replicas("dist_sync", bad)
-    with pytest.raises(ValueError, match="not available for 'dist_ssp'"):
-        check_replicas("dist_ssp", 2)
-    assert check_replicas("dist_ssp", 1) == 1
+            check_replicas(bad)
+
+
+def test_a_dist_ssp_failover_keeps_every_ranks_clocks():
+    with replicated("dist_ssp", num_servers=1, num_workers=2, replicas=2, staleness=1) as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init("w", np.zeros(2, np.float32))
+        r0.set_updater(_add)
+        for _ in range(3):
+            r0.push("w", np.ones(2, np.float32))
+        r1.push("w", np.ones(2, np.float32))
+        r0.flush(), r1.flush()
+        primary, backup = c.group.replicas_of[0]
+        assert backup.clocks.of("w") == primary.clocks.of("w") == {0: 3, 1: 1}
+        c.group.kill(0)
+        r1.push("w", np.ones(2, np.float32))
+        r1.flush()  # fails over to the new primary, which takes the push
+        # rank 0 at clock 3 may pull once rank 1 reaches 2: the new primary knows both
+        np.testing.assert_array_equal(r0.pull("w"), [5.0, 5.0])
+        assert backup.primary and backup.clocks.of("w") == {0: 3, 1: 2}
+        seeded = c.group.reseed(0)
+        assert seeded.clocks.of("w") == {0: 3, 1: 2} and seeded.rank_of == backup.rank_of
 
 
 def test_a_lost_backup_leaves_the_group_and_the_primary_carries_on():

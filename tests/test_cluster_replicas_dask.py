@@ -49,7 +49,8 @@ def _train(handle, kind, kill_at=None, kills=1):
     killed before step ``kill_at`` (and again 8 steps later with ``kills=2``).
     Final values, optimizer states, the store."""
     handle.client.wait_for_workers(3, timeout=60)
-    kv = labkv.create(kind, cluster=handle, num_servers=2, replicas=2, timeout=30)
+    kw = {"staleness": 2} if kind == "dist_ssp" else {}
+    kv = labkv.create(kind, cluster=handle, num_servers=2, replicas=2, timeout=30, **kw)
     kv.init(KEYS, [np.zeros(6, np.float32), np.zeros(3, np.float32)])
     kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.05, momentum=0.9, wd=0.01))
     events = []
@@ -66,7 +67,7 @@ def _train(handle, kind, kill_at=None, kills=1):
     return [o.copy() for o in outs], states, kv, events
 
 
-@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_async", "dist_ssp"])
 def test_a_killed_primary_changes_no_number_of_a_training_run(handle3, kind):
     values, states, kv, _ = _train(handle3, kind)
     kv.close()

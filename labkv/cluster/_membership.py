@@ -107,6 +107,8 @@ class Membership:
             "next_seq": dict(self.next_seq),
             "applied_seq": dict(self.applied_seq),
             "failures": self._owed_failures(),
+            "clocks": None if self.clocks is None else dict(self.clocks.clocks),
+            "rank_of": dict(self.rank_of),
         }
 
     def _owed_failures(self) -> bytes:
@@ -143,6 +145,9 @@ class Membership:
         self.issued = self.acked = snap["index"]
         self.epoch = snap["epoch"]
         self.next_seq, self.applied_seq = dict(snap["next_seq"]), dict(snap["applied_seq"])
+        if snap["clocks"] is not None:
+            self.clocks.clocks = {k: list(row) for k, row in snap["clocks"].items()}
+        self.rank_of = dict(snap["rank_of"])
         for error, keys, untold, rounds in pickle.loads(snap["failures"]):
             failure = Failure(error, self.sid, keys, untold)
             for key, g in rounds:

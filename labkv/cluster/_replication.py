@@ -121,18 +121,22 @@ class Replication(Membership):
         pushes = [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
         self._issue(updates, pushes, lambda: [self._finish(k, None) for k in keys])
 
-    def _issue_push(self, sender: str, seq: int, items: list[tuple[Key, Any]]) -> None:
-        """A dist_async push of a replicated server: applied here and forwarded
-        (its values as they arrived: a backup's ``apply`` of them makes the same
-        bits, and nothing changes them before the entry is sent)."""
+    def _issue_push(self, sender: str, seq: int, items: list[tuple[Key, Any]], rank: int) -> None:
+        """A dist_async or dist_ssp push of a replicated server: applied here and
+        forwarded (its values as they arrived: a backup's ``apply`` of them makes
+        the same bits, and nothing changes them before the entry is sent). In
+        dist_ssp the entry names the pushing rank, whose clocks of the keys
+        every replica advances, failed or not (see ``_clock_entry``)."""
+        if not items:
+            return  # a resend of what is applied here
         pushes = [(sender, k, seq) for k, _ in items]
+        note = None if self.clocks is None else ("clock", rank)
         try:
             self.shard.apply([(k, [v]) for k, v in items])
         except Exception:
-            self._issue_failed([k for k, _ in items], pushes)
+            self._issue_failed([k for k, _ in items], pushes, note)
             raise
-        if items:
-            self._issue(items, pushes)
+        self._issue(items, pushes, note=note)
 
     def _issue_failed(
         self, keys: list[Key], pushes: list[tuple], note: tuple | None = None
@@ -158,6 +162,7 @@ class Replication(Membership):
         """Forward ``updates`` (applied here) to the backups; ``then()`` runs once
         every live backup has applied them (and those before)."""
         self._note_pushes(pushes)
+        self._clock_entry(pushes, note)
         index = self.issued
         self.issued += 1
         self._log[index] = (pushes, then)
@@ -170,6 +175,12 @@ class Replication(Membership):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return index
+
+    def _clock_entry(self, pushes: list[tuple], note: tuple | None) -> None:
+        """dist_ssp: the pushing rank's clocks of an entry's keys advance (on the
+        primary as it issues the entry, on a backup as it applies it)."""
+        if note is not None and note[0] == "clock":
+            self._ticked(pushes[0][0], note[1], [k for _, k, _ in pushes])
 
     async def _forward(self, backups: list[Peer], entry: tuple) -> None:
         if len(backups) == 1:  # the common case, without a task per backup
@@ -288,6 +299,7 @@ class Replication(Membership):
             (k, None if v is None else to_device(np.asarray(v), self.device)) for k, v in updates
         ]
         self._apply_entry(on_device, pushes)
+        self._clock_entry(pushes, note)
         if self.sync:
             self._note_failures(note, updates)
         self.issued = index + 1

@@ -269,7 +269,7 @@ def run(
         kind = dist_kind(kvstore)
         check_cluster_args(cluster, timeout)
         staleness = check_staleness(kind, staleness)
-        replicas = check_replicas(kind, replicas)
+        replicas = check_replicas(replicas)
         parse_server_device(server_device)
         handle = cluster if cluster is not None else default_handle()
     workers = handle.workers()

@@ -240,7 +240,7 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
                     if self.group is None:
                         self.shard.apply([(k, [v]) for k, v in items])
                     else:
-                        self._issue_push(sender, seq, items)
+                        self._issue_push(sender, seq, items, rank)
                 except Exception as exc:
                     keys = [k for k, _ in items]
                     failure = self._failure(exc, keys, {sender: dict.fromkeys(keys, seq)})
@@ -248,7 +248,7 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
                 finally:
                     await self._updates_decided(sender, [k for k, _ in queued])
         finally:
-            if self.clocks is not None:
+            if self.clocks is not None and self.group is None:  # replicated: see _issue_push
                 self._ticked(sender, rank, keys)
             if self.next_seq.get(sender, 0) <= seq:  # a resend may come after later pushes
                 self.next_seq[sender] = seq + 1

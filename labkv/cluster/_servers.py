@@ -181,15 +181,10 @@ def start_server(
     )
 
 
-def check_replicas(kind: str, replicas: Any) -> int:
-    """``replicas`` checked: a positive int; more than 1 only for the types
-    replication covers (not ``dist_ssp``)."""
+def check_replicas(replicas: Any) -> int:
+    """``replicas`` checked: a positive int."""
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be a positive int, got {replicas!r}")
-    if replicas > 1 and kind == "dist_ssp":
-        raise ValueError(
-            "replicas > 1 is not available for 'dist_ssp' stores (only dist_sync and dist_async)"
-        )
     return replicas
 
 
@@ -249,7 +244,7 @@ def create_store(
     kind, name = dist_kind(kind), kind.lower()
     check_cluster_args(cluster, timeout)
     staleness = check_staleness(kind, staleness)
-    replicas = check_replicas(kind, replicas)
+    replicas = check_replicas(replicas)
     if num_servers is not None and (not isinstance(num_servers, int) or num_servers < 1):
         raise ValueError(f"num_servers must be a positive int, got {num_servers!r}")
     if int(bigarray_bound) < 1:

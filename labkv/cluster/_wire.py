@@ -246,8 +246,9 @@ def encode_entry(
     own frames. ``note``: what the entry says of a failed dist_sync update,
     ``("failed", error, {sender: {key: seq}})`` (the error, and the ranks it is
     still owed to) or ``("told", sender, keys)`` (the primary told ``sender``
-    of the earliest failure of each key); cloudpickled, as an updater's error
-    may be of a class defined in a notebook."""
+    of the earliest failure of each key), or of a dist_ssp push, ``("clock",
+    rank)`` (the rank whose clocks it advances); cloudpickled, as an updater's
+    error may be of a class defined in a notebook."""
     big = [i for i, (_, v) in enumerate(updates) if v is not None and v.nbytes >= PACK_BELOW]
     small = [u for i, u in enumerate(updates) if i not in big]
     noted = None if note is None else cloudpickle.dumps(note)
