@@ -5,8 +5,10 @@
 # pack helpers, float16 summaries and epsilons, dist_sync servers keeping their values on the
 # workers' GPUs, compressed CuPy pushes travelling packed to them), a 2-worker GPU cluster as users start one (bench/gpu_cluster.py: dask-cuda's
 # LocalCUDACluster when dask_cuda is installed, else workers pinned by CUDA_VISIBLE_DEVICES),
-# the local-store benchmark with CuPy arrays against CuPy's own sum as the bound, and
-# dist_sync with CuPy pushes to host vs GPU servers.
+# the local-store benchmark with CuPy arrays against CuPy's own sum as the bound,
+# dist_sync with CuPy pushes to host vs GPU servers, and what replicas=2 costs on a machine
+# with cores to spare (bench/replicas.py; no GPU needed, but a 2-core machine, where the
+# workers' CPU sets the ratio, cannot show it).
 #
 # Every step runs even when an earlier one fails (device time is scarce: one run should
 # tell everything); the exit status says whether all passed. A GPU test that skips fails
@@ -23,10 +25,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
-# The whole check ends within GPU_CHECK_BUDGET seconds (default 330: a device lease
-# of 6 minutes, with time to start): each step has its own limit, cut to what is left,
+# The whole check ends within GPU_CHECK_BUDGET seconds (default 390: a device lease
+# of 7 minutes, with time to start): each step has its own limit, cut to what is left,
 # so one hung step (a cluster that never starts) cannot eat the steps after it.
-deadline=$((SECONDS + ${GPU_CHECK_BUDGET:-330}))
+deadline=$((SECONDS + ${GPU_CHECK_BUDGET:-390}))
 step() { # step LIMIT_S COMMAND...
     local limit=$1 left=$((deadline - SECONDS)) rc
     shift
@@ -70,5 +72,6 @@ step 20 python3 bench/gpu_required.py "$report"
 step 90 python3 bench/gpu_cluster.py
 step 60 python3 bench/local.py --gpu --quick
 step 90 python3 bench/dist_gpu.py --quick
+step 60 python3 bench/replicas.py --quick
 echo "== $([ $status = 0 ] && echo PASSED || echo FAILED) in ${SECONDS}s"
 exit $status
