@@ -166,14 +166,73 @@ def test_placement_names_each_pieces_replicas_primary_first():
         assert [len(p["replicas"]) for p in pieces] == [2, 2]
 
 
-def test_a_custom_updater_on_a_sliced_key_is_refused_and_changes_nothing():
-    with replicated("dist_sync", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4) as c:
+def test_a_custom_updater_on_a_sliced_async_key_is_refused_and_changes_nothing():
+    with replicated("dist_async", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4) as c:
         (kv,) = c.ranks
         kv.init("big", np.zeros(8))
         with pytest.raises(ValueError, match="custom updater on keys sliced"):
             kv.set_updater(lambda key, grad, stored: None)
         kv.push("big", np.ones(8))
         np.testing.assert_array_equal(kv.pull("big"), np.ones(8))  # still ASSIGN
+
+
+def _decaying(key, grad, stored):
+    """A custom updater whose result depends on every earlier update."""
+    stored *= 0.9
+    stored -= 0.1 * grad
+
+
+def _train_with_updater(c, steps, kill_at=None, killed=0):
+    """dist_sync with ``_decaying`` on keys of which "big" is sliced across both
+    servers; the primary of server ``killed`` dies after ``kill_at`` steps."""
+    for kv in c.ranks:
+        kv.init(KEYS, _shapes())
+    c.ranks[0].set_updater(_decaying)
+
+    def loop(kv):
+        outs = [np.empty_like(a) for a in _shapes()]
+        for step in range(steps):
+            if step == kill_at and kv.rank == 0:
+                c.group.kill(killed)
+            kv.push(KEYS, [_grad(step, kv.rank, k) for k in KEYS])
+            kv.pull(KEYS, out=outs)
+        return outs
+
+    return in_threads(*[lambda kv=kv: loop(kv) for kv in c.ranks])[0]
+
+
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_custom_updater_on_a_sliced_key_survives_a_killed_primary(killed):
+    with replicated(bigarray_bound=16) as c:
+        undisturbed = _train_with_updater(c, 12)
+        assert len(c.ranks[0]._pieces["big"]) == 2  # sliced across both servers
+    with replicated(bigarray_bound=16) as c:
+        values = _train_with_updater(c, 12, kill_at=5, killed=killed)
+        assert c.group.servers_by_name(killed)[0].primary  # the backup took over
+        backups = [c.group.replicas_of[s][1] for s in range(2)]
+        assert [b.peers[killed] for b in backups] == [backups[killed].me] * 2
+    for a, b in zip(values, undisturbed, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_sliced_update_that_fails_on_one_slice_changes_no_replica():
+    def updater(key, grad, stored):
+        if grad.max() > 10:  # only server 1's slice gets such values
+            raise ValueError("too big")
+        stored += grad
+
+    with replicated(num_workers=1, bigarray_bound=4) as c:
+        (kv,) = c.ranks
+        kv.init("big", np.zeros(8, np.float32))
+        kv.set_updater(updater)
+        kv.push("big", np.ones(8, np.float32))
+        kv.push("big", np.array([1, 1, 1, 1, 50, 50, 50, 50], np.float32))
+        with pytest.raises(ValueError, match="too big"):
+            kv.pull("big")
+        np.testing.assert_array_equal(kv.pull("big"), np.ones(8))
+        for s in range(2):
+            for replica in c.group.replicas_of[s]:
+                np.testing.assert_array_equal(replica.shard.values["big"], np.ones(4))
 
 
 def test_replicas_are_checked_before_anything_starts():

@@ -87,6 +87,41 @@ def test_a_killed_primary_changes_no_number_of_a_training_run(handle3, kind):
         kv.close()
 
 
+def _decaying(key, grad, stored):
+    stored *= 0.9
+    stored -= 0.1 * grad
+
+
+def _train_sliced(handle, kill_at=None):
+    """30 steps of a custom updater on "w", sliced across both servers; the
+    worker of the primary of its second slice killed before step ``kill_at``."""
+    handle.client.wait_for_workers(3, timeout=60)
+    kv = labkv.create(
+        "dist_sync", cluster=handle, num_servers=2, replicas=2, timeout=30, bigarray_bound=4
+    )
+    kv.init(KEYS, [np.zeros(6, np.float32), np.zeros(3, np.float32)])
+    kv.set_updater(_decaying)
+    outs = [np.empty(6, np.float32), np.empty(3, np.float32)]
+    for step in range(STEPS):
+        if step == kill_at:
+            _kill(handle, kv.placement()["w"][1]["replicas"][0])
+        kv.push(KEYS, [_grad(step, k) for k in KEYS])
+        kv.pull(KEYS, out=outs)
+    return [o.copy() for o in outs], kv
+
+
+def test_a_custom_updater_on_a_sliced_key_changes_no_number_when_a_primary_dies(handle3):
+    values, kv = _train_sliced(handle3)
+    assert len(kv.placement()["w"]) == 2  # sliced
+    kv.close()
+    after, kv = _train_sliced(handle3, kill_at=random.randint(3, 20))
+    try:
+        for a, b in zip(after, values, strict=True):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        kv.close()
+
+
 def test_two_losses_in_a_row_are_survived_with_a_reseed_between(handle3):
     values, states, kv, _ = _train(handle3, "dist_sync")
     kv.close()

@@ -18,6 +18,7 @@ Choices made here, and why:
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -99,7 +100,9 @@ class Calls:
                         break
                     continue
                 try:
-                    waited = wait_all([(link, future)], what, self.timeout)
+                    others = [(o, f) for o, f in calls if o != s]
+                    tick = functools.partial(self._fail_over_lost, others) if others else None
+                    waited = wait_all([(link, future)], what, self.timeout, on_tick=tick)
                     results.append(waited[0])
                     break
                 except Exception as exc:
@@ -137,6 +140,18 @@ class Calls:
         if first_error is not None:
             raise first_error
         return results
+
+    def _fail_over_lost(self, calls: list[tuple[int, Any]]) -> None:
+        """While one call of a wait is waited for, fail over the other servers
+        of the wait whose primary is known lost: the call waited for may need
+        them (the slices of a key vote on each update), and their calls are
+        made again when the wait reaches them."""
+        for s, future in calls:
+            link = self.links[s]
+            if getattr(link, "replicated", False) and link.lost() is not None:
+                generation = getattr(future, "generation", link.generation)
+                with contextlib.suppress(Exception):  # raised again when s is waited for
+                    link.fail_over(self.sender, self.sent[s], generation, self.timeout)
 
     def _told_before(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a failed update this rank has raised already (a

@@ -57,6 +57,7 @@ class Membership:
             self.group = [m for m in self.group if m not in gone]
             self.acked = self.issued
             self.epoch += 1
+            self._announce_promotion()
             for backup in list(self.group[1:]):
                 await self._seed_one(backup)
         return await self.members()
@@ -107,6 +108,7 @@ class Membership:
             "next_seq": dict(self.next_seq),
             "applied_seq": dict(self.applied_seq),
             "failures": self._owed_failures(),
+            "peers": [tuple(p) for p in self.peers],
             "clocks": None if self.clocks is None else dict(self.clocks.clocks),
             "rank_of": dict(self.rank_of),
         }
@@ -145,6 +147,7 @@ class Membership:
         self.issued = self.acked = snap["index"]
         self.epoch = snap["epoch"]
         self.next_seq, self.applied_seq = dict(snap["next_seq"]), dict(snap["applied_seq"])
+        self.peers = [Peer._make(p) for p in snap["peers"]]
         if snap["clocks"] is not None:
             self.clocks.clocks = {k: list(row) for k, row in snap["clocks"].items()}
         self.rank_of = dict(snap["rank_of"])

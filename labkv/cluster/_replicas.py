@@ -364,15 +364,17 @@ def _scheduler_alive() -> Callable[[str], bool] | None:
     return alive
 
 
-def check_replicated_updater(updater: Any, pieces: dict) -> None:
-    """Refuse a custom updater on a sliced key of a replicated store (its
-    all-or-nothing vote across slices is not replicated), before anything is sent."""
-    if updater is None:
+def check_replicated_updater(updater: Any, pieces: dict, sync: bool) -> None:
+    """Refuse a custom updater on a sliced key of a replicated dist_async store
+    (the order of its updates, which server 0 decides, is not replicated),
+    before anything is sent."""
+    if updater is None or sync:
         return
     sliced = [k for k, placed in pieces.items() if len(placed) > 1]
     if sliced:
         raise ValueError(
             f"a custom updater on keys sliced across servers ({sliced[:5]}) is not "
-            "available with replicas > 1; use an optimizer (set_optimizer), or a larger "
-            "bigarray_bound so that these keys are not sliced"
+            "available in a dist_async store with replicas > 1; use an optimizer "
+            "(set_optimizer), a dist_sync store, or a larger bigarray_bound so that "
+            "these keys are not sliced"
         )

@@ -105,20 +105,26 @@ class Replication(Membership):
         except Exception as exc:  # the round still ends, so no rank waits forever
             numbers = {k: r.done for k, r in rounds.items()}
             failure = self._failure(exc, keys, pushed_by(keys, rounds), numbers)
-            # The backups owe it to every rank but this one, which is told now.
-            owed = {s: seqs for s, seqs in failure.untold.items() if s != sender}
-            self._issue_failed(
-                keys,
-                [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()],
-                ("failed", failure.error, owed),
-            )
+            self._replicate_rounds(keys, failure, sender)
+            raise failure.report_to(sender) from None
+        self._replicate_rounds(keys, None, sender)
+
+    def _replicate_rounds(self, keys: list[Key], failure: Failure | None, told: str | None) -> None:
+        """Forward the open rounds of ``keys``, applied here (or failed as
+        ``failure``, which the backups then owe to every rank but ``told``,
+        told now): they finish once every live backup has them (a failed one
+        at once: nothing changed)."""
+        rounds = {k: self.rounds[k] for k in keys}
+        pushes = [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
+        if failure is not None:
+            owed = {s: seqs for s, seqs in failure.untold.items() if s != told}
+            self._issue_failed(keys, pushes, ("failed", failure.error, owed))
             for key in keys:
                 self._finish(key, failure)
-            raise failure.report_to(sender) from None
+            return
         # The merged values travel by reference: the next round of these keys
         # cannot complete (and change them) before this entry is acknowledged.
         updates = [(k, self.shard.merged(k)) for k in keys]
-        pushes = [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
         self._issue(updates, pushes, lambda: [self._finish(k, None) for k in keys])
 
     def _issue_push(self, sender: str, seq: int, items: list[tuple[Key, Any]], rank: int) -> None:

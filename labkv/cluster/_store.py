@@ -184,7 +184,7 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
 
     def _check_replicated_updater(self, updater: Callable | None, pieces: dict) -> None:
         if self._spec.replicas > 1:
-            check_replicated_updater(updater, pieces)
+            check_replicated_updater(updater, pieces, self._spec.sync)
 
     def _promoted(self, link: Any) -> None:
         """A new primary of server ``link.sid`` streams its events (to a watched

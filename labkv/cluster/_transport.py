@@ -218,10 +218,12 @@ def wait_all(
     what: str,
     timeout: float,
     on_server_error: Callable[[BaseException], None] | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Results of in-flight calls ``(link, future)``, in order; every wait is
     bounded by ``timeout + GRACE_S`` in all. An error a server raised (its
-    answer, see ``_server.answered``) goes to ``on_server_error`` first.
+    answer, see ``_server.answered``) goes to ``on_server_error`` first;
+    ``on_tick()`` runs every ``POLL_S`` that a call is waited for.
 
     After a failed call the others are still waited for: a server must have
     answered this call before the next one asks it again (a failed update is
@@ -230,7 +232,9 @@ def wait_all(
     results, first_error = [], None
     for link, future in calls:
         try:
-            results.append(_wait_one(link, future, deadline, what, timeout, on_server_error))
+            results.append(
+                _wait_one(link, future, deadline, what, timeout, on_server_error, on_tick)
+            )
         except Exception as exc:
             first_error = first_error or exc
     if first_error is not None:
@@ -245,6 +249,7 @@ def _wait_one(
     what: str,
     timeout: float,
     on_server_error: Callable[[BaseException], None] | None,
+    on_tick: Callable[[], None] | None = None,
 ) -> Any:
     """A call to a server whose worker died can sit in Dask's connect retries
     for up to its connect timeout, so the wait looks every ``POLL_S`` whether
@@ -258,6 +263,8 @@ def _wait_one(
             if hasattr(exc, "_labkv_server"):  # a server's own answer: raise it as it is
                 raise
             link.raise_if_lost()
+            if on_tick is not None:
+                on_tick()
             if time.monotonic() >= deadline:
                 raise ClusterError(
                     f"server {link.sid} on {link.address} did not answer "

@@ -4,7 +4,10 @@ dist_async push of a sliced key, applied at once or prepared and voted on.
 A sliced key's update commits on every server or none, so with a custom
 updater (which may fail on one slice) each server prepares its slice and
 tells the others whether it succeeded (:meth:`Updates._vote`); every server
-commits when all slices succeeded. In dist_async the servers also apply a
+commits when all slices succeeded. With replicas (dist_sync only), the
+primaries vote; a primary replicates its slice's update once decided, and a
+new primary tells the others (:meth:`Updates.peer_promoted`), which send it
+again their votes of the rounds it may lack. In dist_async the servers also apply a
 sliced key's updates in one order: the order in which server 0 received them
 (:class:`~._rounds.UpdateQueue`). Plain updates (whole keys, or no custom
 updater) are applied at once. A mixin of :class:`~._server.Server`.
@@ -17,6 +20,7 @@ from typing import Any
 
 from ._errors import answered
 from ._rounds import Failure, UpdateQueue, add_note, failure_note, portable, pushed_by
+from ._wire import Peer
 
 Key = int | str
 
@@ -46,11 +50,11 @@ class Updates:
         it commits when every server of the key has prepared its slice (see
         :meth:`_vote`). If the update fails, the completing push (``sender``'s)
         gets the error now and the other ranks at their next pull of the keys."""
-        if self.group is not None:
+        deferred = [k for k in keys if k in self.sliced and self.shard.updater is not None]
+        if self.group is not None and not deferred:
             return self._complete_replicated(keys, sender)
         rounds = {k: self.rounds[k] for k in keys}
         batch = [(k, [rounds[k].pending[q] for q in sorted(rounds[k].pending)]) for k in keys]
-        deferred = [k for k in keys if k in self.sliced and self.shard.updater is not None]
         prepared, failure = None, None
         try:
             if deferred:
@@ -63,7 +67,9 @@ class Updates:
         now = [k for k in keys if k not in deferred]
         if prepared is not None and now:
             self.shard.commit({k: prepared[k] for k in now})
-        for key in now:
+        if self.group is not None and now:
+            self._replicate_rounds(now, failure, sender)
+        for key in now if self.group is None else ():
             self._finish(key, failure)
         for key in deferred:
             m = rounds[key].done
@@ -75,6 +81,7 @@ class Updates:
 
     def _finish(self, key: Key, failure: Failure | None) -> None:
         r = self.rounds[key]
+        self._votes.pop((key, r.done), None)  # a vote sent again after the decision
         if self.bus.active and self.sync:
             self._emit_round(key, r, completed=r.done)
         r.finish(failure)
@@ -136,18 +143,52 @@ class Updates:
         """Tell every server of the store whether this server's slice of update
         ``number`` of ``key`` (a dist_sync round, or the ``number``-th dist_async
         update, ``push``) succeeded (``error`` None), then decide."""
+        if self.group is not None:  # kept for a new primary of a peer (see peer_promoted)
+            mine = self._my_votes.setdefault(key, {})
+            mine[number] = error
+            for old in [n for n in mine if n < number - 1]:
+                del mine[old]
         for peer in range(len(self.peers)):
             if peer != self.sid:
                 self._send(peer, "vote", key, number, self.sid, error, push)
         self._record_vote(key, number, self.sid, error)
 
-    def _send(self, peer: int, method: str, *args: Any) -> None:
-        """Call ``method`` of server ``peer`` without waiting (a vote never blocks
-        the loop; a lost peer shows as an update that times out naming it)."""
-        task = asyncio.ensure_future(self.host.call_peer(self.peers[peer], method, list(args)))
+    def _send(self, peer: int | Peer, method: str, *args: Any) -> None:
+        """Call ``method`` of server ``peer`` (its id, or a replica) without
+        waiting (a vote never blocks the loop; a lost peer shows as an update
+        that times out naming it)."""
+        to = self.peers[peer] if isinstance(peer, int) else peer
+        try:
+            call = self.host.call_peer(to, method, list(args))
+        except OSError:  # known dead at once (in-process): as a call that failed
+            return
+        task = asyncio.ensure_future(call)
         self._tasks.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_forget)
+
+    def _announce_promotion(self) -> None:
+        """A new primary tells the other servers of the store where it is."""
+        if self.peers:
+            self.peers[self.sid] = self.me
+            for peer in range(len(self.peers)):
+                if peer != self.sid:
+                    self._send(peer, "peer_promoted", self.sid, tuple(self.me))
+
+    @answered
+    async def peer_promoted(self, sid: int, peer: tuple[str, str]) -> None:
+        """Server ``sid``'s new primary is ``peer``: votes go there from now on
+        (this server's backups learn it too), and it gets again this server's
+        votes of the last two rounds of each key (it may have missed them, and
+        lacks at most the round its old primary was deciding)."""
+        self.peers[sid] = Peer._make(peer)
+        if self.group is None or not self.primary:
+            return
+        for backup in self.group[1:]:
+            self._send(backup, "peer_promoted", sid, peer)
+        for key, mine in self._my_votes.items():
+            for number, error in mine.items():
+                self._send(sid, "vote", key, number, self.sid, error, None)
 
     @answered
     async def vote(
@@ -157,6 +198,8 @@ class Updates:
         from server 0 in dist_async, also which push that update is."""
         if push is not None and sid == 0:
             self.queues.setdefault(key, UpdateQueue()).learn(number, push)
+        if number < self.rounds[key].done:
+            return  # decided already (a vote sent again to a new primary)
         self._record_vote(key, number, sid, error)
         if not self.sync and key in self.queues:
             self._advance(key)
@@ -180,6 +223,9 @@ class Updates:
         if not self.sync:
             (sender,) = senders
             self.queues[key].decided(sender)
+        if self.group is not None:  # finished once every backup has it
+            self._replicate_rounds([key], failure, None)
+            return
         self._finish(key, failure)  # wakes the waiters, so after the queue's count
         if not self.sync:
             self._advance(key)
