@@ -4,13 +4,15 @@ dist_async push of a sliced key, applied at once or prepared and voted on.
 A sliced key's update commits on every server or none, so with a custom
 updater (which may fail on one slice) each server prepares its slice and
 tells the others whether it succeeded (:meth:`Updates._vote`); every server
-commits when all slices succeeded. With replicas (dist_sync only), the
-primaries vote; a primary replicates its slice's update once decided, and a
-new primary tells the others (:meth:`Updates.peer_promoted`), which send it
-again their votes of the rounds it may lack. In dist_async the servers also apply a
+commits when all slices succeeded. In dist_async the servers also apply a
 sliced key's updates in one order: the order in which server 0 received them
 (:class:`~._rounds.UpdateQueue`). Plain updates (whole keys, or no custom
-updater) are applied at once. A mixin of :class:`~._server.Server`.
+updater) are applied at once.
+
+With replicas (dist_sync only) the primaries vote; a primary replicates its
+slice's update once the vote is decided, and a new primary tells the other
+servers where it is (:meth:`Updates.peer_promoted`), which send it again their
+votes of the rounds it may lack. A mixin of :class:`~._server.Server`.
 """
 
 from __future__ import annotations
@@ -67,10 +69,11 @@ class Updates:
         now = [k for k in keys if k not in deferred]
         if prepared is not None and now:
             self.shard.commit({k: prepared[k] for k in now})
-        if self.group is not None and now:
+        if self.group is None:
+            for key in now:
+                self._finish(key, failure)
+        elif now:  # finished once every backup has them
             self._replicate_rounds(now, failure, sender)
-        for key in now if self.group is None else ():
-            self._finish(key, failure)
         for key in deferred:
             m = rounds[key].done
             candidate = None if prepared is None else prepared[key]
