@@ -365,16 +365,16 @@ def _scheduler_alive() -> Callable[[str], bool] | None:
 
 
 def check_replicated_updater(updater: Any, pieces: dict, sync: bool) -> None:
-    """Refuse a custom updater on a sliced key of a replicated dist_async store
-    (the order of its updates, which server 0 decides, is not replicated),
-    before anything is sent."""
+    """Refuse a custom updater on a sliced key of a replicated store that applies
+    pushes as they come (dist_async, dist_ssp: the order of its updates, which
+    server 0 decides, is not replicated), before anything is sent."""
     if updater is None or sync:
         return
     sliced = [k for k, placed in pieces.items() if len(placed) > 1]
     if sliced:
         raise ValueError(
             f"a custom updater on keys sliced across servers ({sliced[:5]}) is not "
-            "available in a dist_async store with replicas > 1; use an optimizer "
+            "available in a dist_async or dist_ssp store with replicas > 1; use an optimizer "
             "(set_optimizer), a dist_sync store, or a larger bigarray_bound so that "
             "these keys are not sliced"
         )
