@@ -121,6 +121,27 @@ def _make_certs(d: Path) -> None:
     )
 
 
+def _replicated_rounds_use_the_channel(handle) -> None:
+    """A replicated store's small log entries reach the backup on the plain
+    socket of ``labkv.cluster._channel`` (over TLS on a TLS cluster)."""
+    import labkv
+    from labkv.cluster._channel import entries_served
+
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=1, replicas=2)
+    try:
+        kv.init("w", np.zeros(3, np.float32))
+        backup = kv.placement()["w"][0]["replicas"][1]
+        before = handle.client.run(entries_served, workers=[backup])[backup]
+        out = np.empty(3, np.float32)
+        for _ in range(4):
+            kv.push("w", np.ones(3, np.float32))
+            kv.pull("w", out=out)
+        np.testing.assert_array_equal(out, [1.0, 1.0, 1.0])
+        assert handle.client.run(entries_served, workers=[backup])[backup] - before == 4
+    finally:
+        kv.close()
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls_cluster_with_own_certificates_refuses_a_client_without_them(tmp_path):
     from distributed import Security
@@ -138,6 +159,7 @@ def test_tls_cluster_with_own_certificates_refuses_a_client_without_them(tmp_pat
         with connect(address, n_workers=2, security=security) as handle:
             for value in run(_sum_ranks, num_workers=2, cluster=handle):
                 np.testing.assert_array_equal(value, [3.0, 3.0, 3.0])
+            _replicated_rounds_use_the_channel(handle)
         with pytest.raises(TypeError, match="TLS expects a `ssl_context`"):
             connect(address, timeout="5s")  # no certificate at all
         stranger = Security(

@@ -17,7 +17,9 @@ Implementations:
 The in-process link and host of the tests (no Dask at all) are in :mod:`._inprocess`.
 
 Every use of Dask internals (an actor's future, a worker's actor table, the
-``actor_execute`` RPC, a loop's thread id) lives in this module.
+``actor_execute`` RPC, a loop's thread id) lives in this module, and in
+:mod:`._channel`, the plain socket on which a primary's small log entries
+reach a backup (see :meth:`DaskHost.call_peer`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ._channel import Channel, install
 from ._errors import TIMEOUTS, ClusterError
 from ._wire import Peer, encode
 
@@ -309,6 +312,8 @@ class DaskHost(Host):
 
             worker = get_worker()
         self.worker, self.address = worker, worker.address
+        self.channels: dict[str, Channel] = {}
+        install(worker)
 
     def log_event(self, topic: str, batch: Any) -> None:
         self.worker.log_event(topic, batch)
@@ -321,4 +326,20 @@ class DaskHost(Host):
         local = self.worker.state.actors.get(actor_key) if address == self.address else None
         if local is not None and hasattr(local, method):
             return getattr(local, method)(*args)
+        if method == "replicate" and not args[0][2]:  # a log entry without big values
+            return self._replicate_on_channel(peer, args[0])
         return execute_on(self.worker, address, actor_key, method, args)
+
+    async def _replicate_on_channel(self, peer: Peer, entry: tuple) -> None:
+        """``replicate(entry)`` on ``peer`` through the :class:`~._channel.Channel`
+        to its worker; an actor call when there is none, or when it broke (the
+        actor call then finds out whether the peer is alive)."""
+        channel = self.channels.get(peer.address)
+        if channel is None:
+            channel = self.channels[peer.address] = Channel(self.worker, peer.address)
+        if not channel.unavailable:
+            try:
+                return await channel.replicate(peer.actor_key, entry)
+            except OSError:
+                pass
+        return await execute_on(self.worker, peer.address, peer.actor_key, "replicate", [entry])
