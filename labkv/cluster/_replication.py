@@ -33,8 +33,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import numpy as np
-
 from ..devices import to_device
 from ._device import host_view
 from ._errors import answered
@@ -301,8 +299,10 @@ class Replication(Membership):
         )
         if index < self.issued:
             return  # already in the state it was seeded with
+        # No copy on the host: ``apply`` copies what it keeps (into the stored value
+        # or the merge buffer), and an entry's values are not touched before it is acknowledged.
         on_device = [
-            (k, None if v is None else to_device(np.asarray(v), self.device)) for k, v in updates
+            (k, None if v is None else to_device(v, self.device, copy=False)) for k, v in updates
         ]
         self._apply_entry(on_device, pushes)
         self._clock_entry(pushes, note)
