@@ -376,3 +376,28 @@ def test_a_replica_seeded_after_a_failed_round_owes_it_to_the_same_ranks():
         # one failure for both keys: rank 0, told of it for "b", is not told again for "w"
         assert seeded.rounds["w"].report_to(r0._calls.sender) is None
         assert seeded.rounds["w"].report_to(r1._calls.sender) is None  # told before the seed
+
+
+@pytest.mark.parametrize("mode", ["assign", "optimizer", "updater"])
+def test_a_backup_shares_no_array_with_its_primary(mode):
+    """A backup keeps the arrays of the entries it applies (no copy): they must
+    be its own, never its primary's (in-process peers get copies, as over a wire)."""
+    BIG = 1 << 15  # 128 KiB: its entry carries the array itself, not a pickled copy
+    with replicated("dist_sync", num_servers=1, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        kv.init(["w", "big"], [np.zeros(3, np.float32), np.zeros(BIG, np.float32)])
+        if mode == "optimizer":
+            kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+        elif mode == "updater":
+            kv.set_updater(_add)
+        for step in range(3):
+            kv.push(["w", "big"], [np.full(3, step, np.float32), np.full(BIG, step, np.float32)])
+            kv.pull(["w", "big"])
+        primary, backup = c.group.replicas_of[0]
+        for key in ("w", "big"):
+            mine = [primary.shard.read(key), *primary.shard._merge_buffers.values()]
+            theirs = [backup.shard.read(key), *backup.shard._merge_buffers.values()]
+            np.testing.assert_array_equal(theirs[0], mine[0])
+            for a in mine:
+                for b in theirs:
+                    assert not np.shares_memory(a, b)

@@ -223,3 +223,45 @@ def test_already_initialised_is_one_rule_for_the_store_and_its_shard():
         errors.append(str(info.value))
     assert errors == ["key 1 is already initialised"] * 2
     assert kv.keys() == [1]  # the failed call changed nothing
+
+
+def _owned_shard(mode):
+    from labkv.shard import Shard
+
+    shard = Shard()
+    shard.init("w", np.zeros(4, np.float32))
+    if mode == "optimizer":
+        shard.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5))
+    elif mode == "updater":
+        shard.set_updater(lambda key, grad, stored: stored.__isub__(grad))
+    return shard
+
+
+@pytest.mark.parametrize("mode", ["assign", "optimizer", "updater"])
+def test_an_owned_value_is_kept_in_place_of_a_copy_with_the_same_bits(mode):
+    owned, copied = _owned_shard(mode), _owned_shard(mode)
+    for step in range(3):
+        grad = np.arange(4, dtype=np.float32) * (step + 1)
+        copied.apply([("w", [grad.copy()])])
+        owned.apply([("w", [grad])], owned=True)
+        kept = owned.read("w") if mode == "assign" else owned.merged("w")
+        assert kept is grad  # no copy made
+        assert copied.read("w") is not grad
+        np.testing.assert_array_equal(owned.read("w"), copied.read("w"))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [np.ones(4, np.float64)],  # another dtype: cast while copied
+        [np.ones(4, np.float32), np.ones(4, np.float32)],  # a sum
+        [np.ones(8, np.float32)[::2]],  # not contiguous
+    ],
+    ids=["dtype", "two", "strided"],
+)
+def test_an_owned_value_that_cannot_stand_in_is_copied(values):
+    shard = _owned_shard("assign")
+    stored = shard.read("w")
+    shard.apply([("w", values)], owned=True)
+    assert shard.read("w") is stored
+    np.testing.assert_array_equal(stored, sum(v.astype(np.float32) for v in values))

@@ -30,6 +30,8 @@ class InProcessHost(Host):
         self.events.append((topic, batch))
 
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
+        if method == "replicate":  # a backup keeps the arrays it applies: its own copies
+            args = pickle.loads(pickle.dumps(args, protocol=5))
         return getattr(self.servers[peer.actor_key], method)(*args)
 
 

@@ -71,10 +71,12 @@ class Replication(Membership):
     # -- applying an entry (primary and backups alike) ----------------------------------
     def _apply_entry(self, updates: list[tuple[Key, Any]], pushes: list[tuple]) -> None:
         """Apply a log entry's updates (a key with value None: its update failed,
-        nothing to apply) and note its pushes as applied."""
+        nothing to apply) and note its pushes as applied. The values are this
+        replica's own (they came over a wire, see ``Host.call_peer``): the
+        shard may keep them instead of copying them."""
         applied = [(k, [v]) for k, v in updates if v is not None]
         if applied:
-            self.shard.apply(applied)
+            self.shard.apply(applied, owned=True)
         self._note_pushes(pushes)
 
     def _note_pushes(self, pushes: list[tuple]) -> None:
@@ -299,8 +301,7 @@ class Replication(Membership):
         )
         if index < self.issued:
             return  # already in the state it was seeded with
-        # No copy on the host: ``apply`` copies what it keeps (into the stored value
-        # or the merge buffer), and an entry's values are not touched before it is acknowledged.
+        # No copy on the host: the entry's values are this replica's own.
         on_device = [
             (k, None if v is None else to_device(v, self.device, copy=False)) for k, v in updates
         ]

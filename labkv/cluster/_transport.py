@@ -299,7 +299,9 @@ class Host:
 
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
         """An awaitable of ``method(*args)`` on the server ``peer`` (its
-        ``(address, actor_key)``), called from the server's loop."""
+        ``(address, actor_key)``), called from the server's loop. A
+        ``replicate`` call's entry always reaches the peer as its own copy
+        (a backup keeps the arrays it applies)."""
         raise NotImplementedError
 
 
@@ -324,7 +326,7 @@ class DaskHost(Host):
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
         address, actor_key = peer.address, peer.actor_key
         local = self.worker.state.actors.get(actor_key) if address == self.address else None
-        if local is not None and hasattr(local, method):
+        if local is not None and hasattr(local, method) and method != "replicate":
             return getattr(local, method)(*args)
         if method == "replicate" and not args[0][2]:  # a log entry without big values
             return self._replicate_on_channel(peer, args[0])
