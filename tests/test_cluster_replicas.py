@@ -10,7 +10,7 @@ import pytest
 import labkv
 from labkv.cluster._errors import ClusterError
 from tests._inprocess import InProcessCluster
-from tests._waiting import in_threads
+from tests._waiting import in_threads, wait_until
 
 
 def replicated(kind="dist_sync", num_servers=2, num_workers=2, replicas=2, **kw):
@@ -166,8 +166,10 @@ def test_placement_names_each_pieces_replicas_primary_first():
         assert [len(p["replicas"]) for p in pieces] == [2, 2]
 
 
-def test_a_custom_updater_on_a_sliced_async_key_is_refused_and_changes_nothing():
-    with replicated("dist_async", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4) as c:
+def test_a_custom_updater_on_a_sliced_ssp_key_is_refused_and_changes_nothing():
+    with replicated(
+        "dist_ssp", num_servers=2, num_workers=1, replicas=2, bigarray_bound=4, staleness=1
+    ) as c:
         (kv,) = c.ranks
         kv.init("big", np.zeros(8))
         with pytest.raises(ValueError, match="custom updater on keys sliced"):
@@ -201,12 +203,15 @@ def _train_with_updater(c, steps, kill_at=None, killed=0):
     return in_threads(*[lambda kv=kv: loop(kv) for kv in c.ranks])[0]
 
 
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
 @pytest.mark.parametrize("killed", [0, 1])
-def test_a_custom_updater_on_a_sliced_key_survives_a_killed_primary(killed):
-    with replicated(bigarray_bound=16) as c:
+def test_a_custom_updater_on_a_sliced_key_survives_a_killed_primary(kind, killed):
+    # one rank pushing as it goes (dist_async): a deterministic order
+    workers = 2 if kind == "dist_sync" else 1
+    with replicated(kind, num_workers=workers, bigarray_bound=16) as c:
         undisturbed = _train_with_updater(c, 12)
         assert len(c.ranks[0]._pieces["big"]) == 2  # sliced across both servers
-    with replicated(bigarray_bound=16) as c:
+    with replicated(kind, num_workers=workers, bigarray_bound=16) as c:
         values = _train_with_updater(c, 12, kill_at=5, killed=killed)
         assert c.group.servers_by_name(killed)[0].primary  # the backup took over
         backups = [c.group.replicas_of[s][1] for s in range(2)]
@@ -401,3 +406,144 @@ def test_a_backup_shares_no_array_with_its_primary(mode):
             for a in mine:
                 for b in theirs:
                     assert not np.shares_memory(a, b)
+
+
+class _Unreachable:
+    """The host of a replica that died: it reaches nobody any more."""
+
+    address = "dead"
+
+    def log_event(self, topic, batch):
+        pass
+
+    async def alive(self, address):
+        return True
+
+    def call_peer(self, peer, method, args):
+        raise OSError("this replica is dead")
+
+
+def _dies_with_its_vote(c, sid, number, sent):
+    """The primary of ``sid`` dies as its vote of update ``number`` is due to
+    go out, once every backup has it: before sending it (``sent=False``), or
+    right after."""
+    primary = next(sv for sv in c.group.servers_by_name(sid) if sv.primary)
+    send = primary._send_vote
+
+    def send_then_die(key, n, error, push):
+        if n != number:
+            return send(key, n, error, push)
+        if sent:
+            send(key, n, error, push)
+        primary.host = _Unreachable()
+        c.group.kill(sid)
+
+    primary._send_vote = send_then_die
+
+
+def _async_updater_run(c, steps, fault=None):
+    """One rank, dist_async, ``_decaying`` on keys of which "big" is sliced
+    across both servers; ``fault(c)`` before the first push."""
+    (kv,) = c.ranks
+    kv.init(KEYS, _shapes())
+    kv.set_updater(_decaying)
+    if fault is not None:
+        fault(c)
+    outs = [np.empty_like(a) for a in _shapes()]
+    for step in range(steps):
+        kv.push(KEYS, [_grad(step, 0, k) for k in KEYS])
+    kv.pull(KEYS, out=outs)
+    return outs
+
+
+@pytest.mark.parametrize("sent", [False, True], ids=["unsent", "sent"])
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_primary_that_dies_with_its_vote_logged_loses_no_sliced_update(killed, sent):
+    with replicated("dist_async", num_workers=1, bigarray_bound=16) as c:
+        undisturbed = _async_updater_run(c, 8)
+    with replicated("dist_async", num_workers=1, bigarray_bound=16) as c:
+        values = _async_updater_run(c, 8, lambda c: _dies_with_its_vote(c, killed, 3, sent))
+        assert c.group.servers_by_name(killed)[0].primary  # the backup took over
+    for a, b in zip(values, undisturbed, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("killed", [0, 1])
+def test_two_ranks_keep_a_sliced_key_in_one_order_across_a_failover(killed):
+    """With 2 ranks the order of dist_async updates is the race's, but it must
+    be one order for both slices: each rank pushes one constant, so once every
+    update is committed (a pull does not wait for the other slices) every
+    element of the key is equal, whatever the order."""
+    with replicated("dist_async", num_workers=2, bigarray_bound=16) as c:
+        for kv in c.ranks:
+            kv.init("big", np.zeros(40, np.float32))
+        c.ranks[0].set_updater(_decaying)
+
+        def loop(kv):
+            for step in range(12):
+                if step == 4 and kv.rank == 0:
+                    c.group.kill(killed)
+                kv.push("big", np.full(40, kv.rank + 1.0, np.float32))
+                kv.pull("big")  # a rank finds a lost primary by calling it
+
+        in_threads(*[lambda kv=kv: loop(kv) for kv in c.ranks])
+        assert wait_until(lambda: np.unique(c.ranks[0].pull("big")).size == 1, timeout=5)
+        assert c.group.servers_by_name(killed)[0].primary
+
+
+def _drops_its_vote_then_dies_once_decided(c, sid, number):
+    """The primary of ``sid`` loses its vote of update ``number`` (logged, but
+    the message never leaves), decides the update all the same (it has the
+    other server's vote), and dies once every backup has that update: the
+    other server never got this vote, and the push is not resent."""
+    primary = next(sv for sv in c.group.servers_by_name(sid) if sv.primary)
+    send, finish = primary._send_vote, primary._finish
+
+    def drop(key, n, error, push):
+        if n != number:
+            send(key, n, error, push)
+
+    def finish_then_die(key, failure):
+        finish(key, failure)
+        if primary.rounds[key].done == number + 1:
+            primary.host = _Unreachable()
+            c.group.kill(sid)
+
+    primary._send_vote, primary._finish = drop, finish_then_die
+
+
+def test_a_new_primary_sends_again_the_votes_its_old_primary_lost():
+    with replicated("dist_async", num_workers=1, bigarray_bound=16) as c:
+        undisturbed = _async_updater_run(c, 8)
+    with replicated("dist_async", num_workers=1, bigarray_bound=16) as c:
+        values = _async_updater_run(c, 8, lambda c: _drops_its_vote_then_dies_once_decided(c, 1, 3))
+        assert c.group.servers_by_name(1)[0].primary
+    for a, b in zip(values, undisturbed, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_primary_whose_backup_took_over_acknowledges_nothing_more():
+    """A primary the ranks took for lost while it still runs (a partition):
+    once its backup is the primary, the entries it issues are refused, and it
+    acknowledges none (its votes and rounds stay open)."""
+    import asyncio
+
+    with replicated("dist_sync", num_servers=1, num_workers=1) as c:
+        (kv,) = c.ranks
+        kv.init("w", np.zeros(2, np.float32))
+        kv.push("w", np.ones(2, np.float32))
+        kv.pull("w")
+        old, backup = c.group.replicas_of[0]
+        c.group.kill(0)  # unreachable for the ranks; it still runs
+        kv.push("w", np.ones(2, np.float32))
+        np.testing.assert_array_equal(kv.pull("w"), [1.0, 1.0])  # failed over
+        assert backup.primary
+        acknowledged = []
+
+        async def issue():
+            old._issue([], [], then=lambda: acknowledged.append(True))
+
+        acked = old.acked
+        asyncio.run_coroutine_threadsafe(issue(), c.group.loop).result(timeout=5)
+        assert wait_until(lambda: old.deposed, timeout=5)
+        assert old.acked == acked and not acknowledged

@@ -126,6 +126,52 @@ def test_more_replicas_than_workers_is_refused(handle3):
         labkv.create("dist_sync", cluster=handle3, replicas=0)
 
 
+def _decaying(key, grad, stored):
+    stored *= 0.9
+    stored -= 0.1 * grad
+
+
+def test_a_custom_updater_on_a_sliced_async_key_keeps_every_replica_equal(handle3):
+    """dist_async, a key sliced across 2 servers, each with a backup: the
+    servers vote (each vote reaching its backup first, on the channel) and
+    every replica of each slice ends with the numbers applied in order here."""
+    from labkv.cluster._events import topic_of
+
+    kv = labkv.create("dist_async", cluster=handle3, num_servers=2, replicas=2, bigarray_bound=8)
+    try:
+        kv.init("big", np.zeros(16, np.float32))
+        kv.set_updater(_decaying)
+        expected = np.zeros(16, np.float32)
+        for step in range(6):
+            grad = np.arange(16, dtype=np.float32) * (step + 1)
+            kv.push("big", grad)
+            _decaying("big", grad, expected)
+        np.testing.assert_array_equal(kv.pull("big"), expected)
+        pieces = kv.placement()["big"]
+        assert len(pieces) == 2
+        for piece in pieces:
+            slices = []
+            for address in piece["replicas"]:
+                held = handle3.client.run(
+                    _slices_held, topic_of(kv._id), piece["server"], workers=[address]
+                )[address]
+                slices.append(held)
+            expect = expected[piece["start"] : piece["stop"]]
+            for held in slices:
+                np.testing.assert_array_equal(held, expect)
+    finally:
+        kv.close()
+
+
+def _slices_held(topic, sid, dask_worker=None):
+    (server,) = [
+        a
+        for a in dask_worker.state.actors.values()
+        if getattr(a, "topic", None) == topic and a.sid == sid
+    ]
+    return np.array(server.shard.read("big"))
+
+
 def _setup(kv):
     """Keys 0-2 (one on each of the 3 servers), SGD with momentum."""
     kv.init([0, 1, 2], [np.zeros(4, np.float32) for _ in range(3)])

@@ -37,11 +37,14 @@ import struct
 import weakref
 from typing import Any
 
+from ._errors import deposed, is_deposed
+
 #: The worker handler that answers a channel listener's ``(host, port, token)``.
 HANDLER = "labkv_channel"
 
 _CALL = struct.Struct("<QQII")  # call id, entry index, actor key bytes, entry blob bytes
-_REPLY = struct.Struct("<QBI")  # call id, 1 if it succeeded, error message bytes
+_REPLY = struct.Struct("<QBI")  # call id, status, error message bytes
+_FAILED, _OK, _DEPOSED = 0, 1, 2  # the statuses: the backup's answer deposes the primary
 _TOKEN_BYTES = 16
 
 
@@ -132,10 +135,11 @@ class _Listener:
                 raise RuntimeError(f"no server {actor_key} on {self.worker.address}")
             await server.replicate(entry)
             self.served += 1
-            reply = _REPLY.pack(call_id, 1, 0)
+            reply = _REPLY.pack(call_id, _OK, 0)
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}".encode()
-            reply = _REPLY.pack(call_id, 0, len(message)) + message
+            status = _DEPOSED if is_deposed(exc) else _FAILED
+            reply = _REPLY.pack(call_id, status, len(message)) + message
         if not writer.is_closing():
             writer.write(reply)
 
@@ -226,13 +230,15 @@ async def _read_replies(
     :class:`Channel` alive)."""
     try:
         while True:
-            call_id, ok, length = _REPLY.unpack(await reader.readexactly(_REPLY.size))
+            call_id, status, length = _REPLY.unpack(await reader.readexactly(_REPLY.size))
             message = (await reader.readexactly(length)).decode() if length else ""
             reply = pending.get(call_id)
             if reply is None or reply.done():
                 continue
-            if ok:
+            if status == _OK:
                 reply.set_result(None)
+            elif status == _DEPOSED:
+                reply.set_exception(deposed(message))
             else:
                 reply.set_exception(RuntimeError(message))
     except (OSError, asyncio.IncompleteReadError) as exc:

@@ -14,6 +14,18 @@ class ClusterError(RuntimeError):
     aborted run, or an updater that raised on a server."""
 
 
+def deposed(message: str) -> ClusterError:
+    """What a backup answers an entry from a primary it has replaced: that
+    primary is deposed (see ``Replication._forward``)."""
+    error = ClusterError(message)
+    error._labkv_deposed = True
+    return error
+
+
+def is_deposed(error: BaseException | None) -> bool:
+    return getattr(error, "_labkv_deposed", False)
+
+
 #: What a timed-out wait raises: one class from Python 3.11 on, three before.
 TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)
 

@@ -20,7 +20,7 @@ from ..devices import to_device
 from ..optimizers import Optimizer
 from ._device import host_copy
 from ._errors import answered
-from ._rounds import Failure
+from ._rounds import Failure, UpdateQueue
 from ._wire import Peer
 
 __all__ = ["Membership"]
@@ -57,6 +57,7 @@ class Membership:
             self.group = [m for m in self.group if m not in gone]
             self.acked = self.issued
             self.epoch += 1
+            self._wake()  # an entry of the old primary waiting here is refused now
             self._announce_promotion()
             for backup in list(self.group[1:]):
                 await self._seed_one(backup)
@@ -111,6 +112,12 @@ class Membership:
             "peers": [tuple(p) for p in self.peers],
             "clocks": None if self.clocks is None else dict(self.clocks.clocks),
             "rank_of": dict(self.rank_of),
+            "my_votes": cloudpickle.dumps(self._my_votes),  # errors of a notebook's class
+            # dist_async sliced keys: each sender's pushes whose updates are issued
+            "numbered": {
+                k: {s: n - q.undecided.get(s, 0) for s, n in q.arrived.items()}
+                for k, q in self.queues.items()
+            },
         }
 
     def _owed_failures(self) -> bytes:
@@ -151,6 +158,10 @@ class Membership:
         if snap["clocks"] is not None:
             self.clocks.clocks = {k: list(row) for k, row in snap["clocks"].items()}
         self.rank_of = dict(snap["rank_of"])
+        self._my_votes = pickle.loads(snap["my_votes"])
+        for key, numbered in snap["numbered"].items():
+            self.queues[key] = UpdateQueue()
+            self.queues[key].arrived = dict(numbered)
         for error, keys, untold, rounds in pickle.loads(snap["failures"]):
             failure = Failure(error, self.sid, keys, untold)
             for key, g in rounds:

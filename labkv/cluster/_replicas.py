@@ -364,17 +364,17 @@ def _scheduler_alive() -> Callable[[str], bool] | None:
     return alive
 
 
-def check_replicated_updater(updater: Any, pieces: dict, sync: bool) -> None:
-    """Refuse a custom updater on a sliced key of a replicated store that applies
-    pushes as they come (dist_async, dist_ssp: the order of its updates, which
-    server 0 decides, is not replicated), before anything is sent."""
-    if updater is None or sync:
+def check_replicated_updater(updater: Any, pieces: dict, sync: bool, ssp: bool) -> None:
+    """Refuse a custom updater on a sliced key of a replicated dist_ssp store
+    (its clocks of a sliced key's pushes, which tick as they arrive, are not
+    replicated with the updates server 0 orders), before anything is sent."""
+    if updater is None or sync or not ssp:
         return
     sliced = [k for k, placed in pieces.items() if len(placed) > 1]
     if sliced:
         raise ValueError(
             f"a custom updater on keys sliced across servers ({sliced[:5]}) is not "
-            "available in a dist_async or dist_ssp store with replicas > 1; use an optimizer "
-            "(set_optimizer), a dist_sync store, or a larger bigarray_bound so that "
-            "these keys are not sliced"
+            "available in a dist_ssp store with replicas > 1; use an optimizer "
+            "(set_optimizer), a dist_sync or dist_async store, or a larger bigarray_bound "
+            "so that these keys are not sliced"
         )

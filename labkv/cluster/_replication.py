@@ -35,9 +35,9 @@ from typing import Any
 
 from ..devices import to_device
 from ._device import host_view
-from ._errors import answered
+from ._errors import answered, deposed, is_deposed
 from ._membership import Membership
-from ._rounds import Failure, pushed_by
+from ._rounds import Failure, UpdateQueue, pushed_by
 from ._transport import POLL_S
 from ._wire import Peer, decode_entry, encode_entry
 
@@ -59,6 +59,7 @@ class Replication(Membership):
         self.epoch = 0
         self.issued = 0  # entries applied here (on a backup: the next index it expects)
         self.acked = 0  # primary: entries every live backup has applied
+        self.deposed = False  # a backup became the primary: acknowledge nothing more
         self.seeded = seeded  # a new replica waits for its seed before any entry
         self.applied_seq: dict[tuple[str, Key], int] = {}  # (sender, key) -> last seq applied
         self._log: dict[int, tuple[list, Any]] = {}  # index -> (its pushes, then)
@@ -109,13 +110,21 @@ class Replication(Membership):
             raise failure.report_to(sender) from None
         self._replicate_rounds(keys, None, sender)
 
-    def _replicate_rounds(self, keys: list[Key], failure: Failure | None, told: str | None) -> None:
+    def _replicate_rounds(
+        self,
+        keys: list[Key],
+        failure: Failure | None,
+        told: str | None,
+        pushes: list[tuple] | None = None,
+    ) -> None:
         """Forward the open rounds of ``keys``, applied here (or failed as
         ``failure``, which the backups then owe to every rank but ``told``,
         told now): they finish once every live backup has them (a failed one
-        at once: nothing changed)."""
+        at once: nothing changed). ``pushes``: those the update holds (by
+        default, the dist_sync rounds' pushes)."""
         rounds = {k: self.rounds[k] for k in keys}
-        pushes = [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
+        if pushes is None:
+            pushes = [(s, k, q) for k, r in rounds.items() for s, q in r.senders.items()]
         if failure is not None:
             owed = {s: seqs for s, seqs in failure.untold.items() if s != told}
             self._issue_failed(keys, pushes, ("failed", failure.error, owed))
@@ -189,16 +198,26 @@ class Replication(Membership):
             self._ticked(pushes[0][0], note[1], [k for _, k, _ in pushes])
 
     async def _forward(self, backups: list[Peer], entry: tuple) -> None:
+        """Send ``entry`` to every backup, then acknowledge it. A backup that
+        cannot apply it is gone and the others carry on; one that has become
+        the primary (the ranks took this one for lost) deposes this one, which
+        then acknowledges nothing more: its entries, votes included, stay
+        unacknowledged, and the ranks resend their pushes to the new primary."""
         if len(backups) == 1:  # the common case, without a task per backup
-            lost = []
+            outcomes: list = [None]
             try:
                 await self._forward_one(backups[0], entry)
-            except (Exception, asyncio.CancelledError):
-                lost = backups
+            except (Exception, asyncio.CancelledError) as exc:
+                outcomes = [exc]
         else:
             calls = [self._forward_one(b, entry) for b in backups]
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
-            lost = [b for b, out in zip(backups, outcomes, strict=True) if out is not None]
+        if any(is_deposed(out) for out in outcomes):
+            self.deposed = True
+            return
+        if self.deposed:
+            return
+        lost = [b for b, out in zip(backups, outcomes, strict=True) if out is not None]
         if lost:  # a backup that cannot apply an entry is gone: the others carry on
             self.group = [m for m in self.group if m not in lost]
             self.epoch += 1
@@ -296,9 +315,11 @@ class Replication(Membership):
         once every entry before it is applied."""
         index, updates, pushes, note = decode_entry(entry)
         await self._wait(
-            lambda: self.seeded and self.issued >= index,
+            lambda: self.primary or (self.seeded and self.issued >= index),
             lambda: f"update {self.issued} from the primary never arrived (got {index})",
         )
+        if self.primary:  # promoted (the ranks took the sender for lost): it is deposed
+            raise deposed(f"{self.me.actor_key} is the primary now: it takes no entry")
         if index < self.issued:
             return  # already in the state it was seeded with
         # No copy on the host: the entry's values are this replica's own.
@@ -309,8 +330,26 @@ class Replication(Membership):
         self._clock_entry(pushes, note)
         if self.sync:
             self._note_failures(note, updates)
+        elif self.shard.updater is not None:
+            self._note_ordered_updates(note, updates, pushes)
+        if note is not None and note[0] == "vote":
+            self._keep_vote(*note[1:])
         self.issued = index + 1
         self._wake()
+
+    def _note_ordered_updates(
+        self, note: tuple | None, updates: list[tuple[Key, Any]], pushes: list[tuple]
+    ) -> None:
+        """A backup's dist_async sliced keys after an entry: each update is one
+        more decided in server 0's order, and numbers its sender's push (as its
+        primary's queue did), so a new primary goes on from there."""
+        ordered = [(k, v) for k, v in updates if k in self.sliced]
+        if not ordered:
+            return
+        self._note_failures(note, ordered)
+        for sender, key, _ in pushes:
+            if key in self.sliced:
+                self.queues.setdefault(key, UpdateQueue()).applied(sender)
 
     def _note_failures(self, note: tuple | None, updates: list[tuple[Key, Any]]) -> None:
         """A backup's dist_sync rounds after an entry: each updated key's round

@@ -258,13 +258,27 @@ class UpdateQueue:
         self.arrived[sender] = n + 1
         self.undecided[sender] = self.undecided.get(sender, 0) + 1
         self.data[(sender, n)] = (value, seq)
-        if leader:
+        if leader and (sender, n) not in self.order.values():  # not placed before a failover
             self.order[self.assigned] = (sender, n)
             self.assigned += 1
 
     def learn(self, position: int, push: tuple[str, int]) -> None:
         """Server 0 says which push is the ``position``-th update."""
         self.order.setdefault(position, tuple(push))
+
+    def applied(self, sender: str) -> None:
+        """A backup applied an update of ``sender``'s next push (the primary's
+        log entry): a new primary numbers that sender's later pushes on."""
+        self.arrived[sender] = self.arrived.get(sender, 0) + 1
+
+    def resume(self, done: int, told: dict[int, tuple[str, int]]) -> None:
+        """Server 0's new primary, ``done`` updates decided: the pushes its old
+        primary placed at the positions in ``told`` (and told the other servers)
+        keep them; new pushes are placed after."""
+        for position, push in told.items():
+            if position >= done:
+                self.learn(position, push)
+        self.assigned = max([self.assigned, done, *(p + 1 for p in self.order)])
 
     def take(self, position: int) -> tuple[tuple[str, int], Any, int] | None:
         """The push to apply as update ``position``, once its order and data are here."""

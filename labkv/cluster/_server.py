@@ -118,7 +118,8 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
         self.sliced: set[Key] = set()
         self.peers: list[tuple[str, str]] = []
         self._votes: dict[tuple[Key, int], dict[int, BaseException | None]] = {}
-        self._my_votes: dict[Key, dict[int, BaseException | None]] = {}  # replicated: last two
+        # replicated: this server's votes of the last two updates of each key
+        self._my_votes: dict[Key, dict[int, tuple[BaseException | None, tuple | None]]] = {}
         self._prepared: dict[tuple[Key, int], tuple[Any, Failure | None, dict]] = {}
         self.queues: dict[Key, UpdateQueue] = {}  # dist_async: sliced keys' updates in order
         self._tasks: set[asyncio.Future] = set()

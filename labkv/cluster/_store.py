@@ -184,7 +184,8 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
 
     def _check_replicated_updater(self, updater: Callable | None, pieces: dict) -> None:
         if self._spec.replicas > 1:
-            check_replicated_updater(updater, pieces, self._spec.sync)
+            ssp = self._spec.staleness is not None
+            check_replicated_updater(updater, pieces, self._spec.sync, ssp)
 
     def _promoted(self, link: Any) -> None:
         """A new primary of server ``link.sid`` streams its events (to a watched

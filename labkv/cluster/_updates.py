@@ -9,10 +9,13 @@ sliced key's updates in one order: the order in which server 0 received them
 (:class:`~._rounds.UpdateQueue`). Plain updates (whole keys, or no custom
 updater) are applied at once.
 
-With replicas (dist_sync only) the primaries vote; a primary replicates its
-slice's update once the vote is decided, and a new primary tells the other
-servers where it is (:meth:`Updates.peer_promoted`), which send it again their
-votes of the rounds it may lack. A mixin of :class:`~._server.Server`.
+With replicas the primaries vote, each vote logged to the backups before it is
+sent (server 0's names the push it placed, so a new server-0 primary keeps its
+old primary's order); a primary replicates its slice's update once the vote is
+decided, and a new primary tells the other servers where it is
+(:meth:`Updates.peer_promoted`) and sends them its recent votes again, and
+they send it theirs: a vote sent to or from a dead primary is lost with it.
+A mixin of :class:`~._server.Server`.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ class Updates:
             self._emit_round(key, r, completed=r.done)
         r.finish(failure)
         self._wake()
+        if not self.sync and key in self.queues:
+            self._advance(key)  # the key's next update in server 0's order
 
     def _missing_votes(self, key: Key) -> str:
         number = self.rounds[key].done
@@ -145,16 +150,41 @@ class Updates:
     ) -> None:
         """Tell every server of the store whether this server's slice of update
         ``number`` of ``key`` (a dist_sync round, or the ``number``-th dist_async
-        update, ``push``) succeeded (``error`` None), then decide."""
-        if self.group is not None:  # kept for a new primary of a peer (see peer_promoted)
-            mine = self._my_votes.setdefault(key, {})
-            mine[number] = error
-            for old in [n for n in mine if n < number - 1]:
-                del mine[old]
+        update, ``push``) succeeded (``error`` None), then decide. Replicated:
+        the vote is sent once every backup has it (see module doc)."""
+        if self.group is None:
+            self._send_vote(key, number, error, push)
+        else:
+            self._keep_vote(key, number, error, push)
+            self._issue(
+                [],
+                [],
+                then=lambda: self._send_vote(key, number, error, push),
+                note=("vote", key, number, error, push),
+            )
+        self._record_vote(key, number, self.sid, error)
+
+    def _send_vote(
+        self, key: Key, number: int, error: BaseException | None, push: tuple | None
+    ) -> None:
         for peer in range(len(self.peers)):
             if peer != self.sid:
                 self._send(peer, "vote", key, number, self.sid, error, push)
-        self._record_vote(key, number, self.sid, error)
+
+    def _keep_vote(
+        self, key: Key, number: int, error: BaseException | None, push: tuple | None
+    ) -> None:
+        """This server's votes of the last two updates of ``key`` (a replica
+        keeps its primary's), sent again to a new primary of a peer."""
+        mine = self._my_votes.setdefault(key, {})
+        mine[number] = (error, push)
+        for old in [n for n in mine if n < number - 1]:
+            del mine[old]
+
+    def _send_votes_again(self, peer: int) -> None:
+        for key, mine in self._my_votes.items():
+            for number, (error, push) in mine.items():
+                self._send(peer, "vote", key, number, self.sid, error, push)
 
     def _send(self, peer: int | Peer, method: str, *args: Any) -> None:
         """Call ``method`` of server ``peer`` (its id, or a replica) without
@@ -171,12 +201,21 @@ class Updates:
         task.add_done_callback(_forget)
 
     def _announce_promotion(self) -> None:
-        """A new primary tells the other servers of the store where it is."""
-        if self.peers:
-            self.peers[self.sid] = self.me
-            for peer in range(len(self.peers)):
-                if peer != self.sid:
-                    self._send(peer, "peer_promoted", self.sid, tuple(self.me))
+        """A new primary tells the other servers of the store where it is and
+        sends them its recent votes again; server 0's in dist_async also places
+        its old primary's pushes where that one told the others."""
+        if not self.peers:
+            return
+        self.peers[self.sid] = self.me
+        if not self.sync and self.sid == 0:
+            for key in self.sliced:
+                told = {n: push for n, (_, push) in self._my_votes.get(key, {}).items()}
+                queue = self.queues.setdefault(key, UpdateQueue())
+                queue.resume(self.rounds[key].done, {n: p for n, p in told.items() if p})
+        for peer in range(len(self.peers)):
+            if peer != self.sid:
+                self._send(peer, "peer_promoted", self.sid, tuple(self.me))
+                self._send_votes_again(peer)
 
     @answered
     async def peer_promoted(self, sid: int, peer: tuple[str, str]) -> None:
@@ -189,9 +228,7 @@ class Updates:
             return
         for backup in self.group[1:]:
             self._send(backup, "peer_promoted", sid, peer)
-        for key, mine in self._my_votes.items():
-            for number, error in mine.items():
-                self._send(sid, "vote", key, number, self.sid, error, None)
+        self._send_votes_again(sid)
 
     @answered
     async def vote(
@@ -227,8 +264,7 @@ class Updates:
             (sender,) = senders
             self.queues[key].decided(sender)
         if self.group is not None:  # finished once every backup has it
-            self._replicate_rounds([key], failure, None)
+            pushes = [(s, k, q) for s, seqs in senders.items() for k, q in seqs.items()]
+            self._replicate_rounds([key], failure, None, None if self.sync else pushes)
             return
         self._finish(key, failure)  # wakes the waiters, so after the queue's count
-        if not self.sync:
-            self._advance(key)
