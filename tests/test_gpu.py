@@ -486,3 +486,51 @@ def test_compressed_cupy_pushes_travel_packed_to_gpu_servers(gpu_handle):
         assert after - before == 2 * 1000 // 4  # 2 bits a value from each rank
     finally:
         kv.close()
+
+
+# -- replicated GPU servers: a backup keeps each entry's value on its own GPU ------------
+def _replica_values(topic, key, dask_worker=None):
+    """Each server of the store ``topic`` on this worker: (is primary, the key's
+    value on the host, its merge buffer's device or None, its value's device)."""
+    from labkv.cluster._device import host_copy
+    from labkv.devices import device_of
+
+    return [
+        (
+            a.primary,
+            host_copy(a.shard.read(key)),
+            str(device_of(a.shard._merge_buffers[key])) if key in a.shard._merge_buffers else None,
+            str(device_of(a.shard.read(key))),
+        )
+        for a in dask_worker.state.actors.values()
+        if getattr(a, "topic", None) == topic and key in a.shard
+    ]
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small", "big"])
+def test_a_gpu_backup_applies_its_primarys_updates_on_its_own_gpu(gpu_handle, big):
+    from labkv.cluster._events import topic_of
+
+    size = (1 << 15) if big else 5  # a big entry value travels as its own frame
+    kv = labkv.create(
+        "dist_sync", cluster=gpu_handle, num_servers=1, replicas=2, server_device="gpu"
+    )
+    try:
+        kv.init("w", np.zeros(size, np.float32))
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5, momentum=0.9))
+        for step in range(3):
+            kv.push("w", np.full(size, step + 1.0, np.float32))
+        expected = kv.pull("w")
+        primary, backup = kv.placement()["w"][0]["replicas"]
+        (mine,) = gpu_handle.client.run(_replica_values, topic_of(kv._id), "w", workers=[primary])[
+            primary
+        ]
+        (theirs,) = gpu_handle.client.run(_replica_values, topic_of(kv._id), "w", workers=[backup])[
+            backup
+        ]
+        assert mine[0] and not theirs[0]
+        np.testing.assert_array_equal(theirs[1], mine[1])
+        np.testing.assert_array_equal(mine[1], expected)
+        assert theirs[3].startswith("gpu") and theirs[2] == theirs[3]  # kept on its own GPU
+    finally:
+        kv.close()
