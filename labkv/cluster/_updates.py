@@ -209,9 +209,9 @@ class Updates:
         self.peers[self.sid] = self.me
         if not self.sync and self.sid == 0:
             for key in self.sliced:
-                told = {n: push for n, (_, push) in self._my_votes.get(key, {}).items()}
-                queue = self.queues.setdefault(key, UpdateQueue())
-                queue.resume(self.rounds[key].done, {n: p for n, p in told.items() if p})
+                mine = self._my_votes.get(key, {})
+                told = {n: push for n, (_, push) in mine.items() if push is not None}
+                self.queues.setdefault(key, UpdateQueue()).resume(self.rounds[key].done, told)
         for peer in range(len(self.peers)):
             if peer != self.sid:
                 self._send(peer, "peer_promoted", self.sid, tuple(self.me))
