@@ -214,7 +214,6 @@ class Replication(Membership):
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
         if any(is_deposed(out) for out in outcomes):
             self.deposed = True
-            return
         if self.deposed:
             return
         lost = [b for b, out in zip(backups, outcomes, strict=True) if out is not None]

@@ -324,24 +324,30 @@ class DaskHost(Host):
         return address in await workers_of(self.worker)
 
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
+        if method == "replicate":  # never in-process: a backup keeps what it applies
+            return self._replicate(peer, args[0])
         address, actor_key = peer.address, peer.actor_key
         local = self.worker.state.actors.get(actor_key) if address == self.address else None
-        if local is not None and hasattr(local, method) and method != "replicate":
+        if local is not None and hasattr(local, method):
             return getattr(local, method)(*args)
-        if method == "replicate" and not args[0][2]:  # a log entry without big values
-            return self._replicate_on_channel(peer, args[0])
         return execute_on(self.worker, address, actor_key, method, args)
 
-    async def _replicate_on_channel(self, peer: Peer, entry: tuple) -> None:
-        """``replicate(entry)`` on ``peer`` through the :class:`~._channel.Channel`
-        to its worker; an actor call when there is none, or when it broke (the
-        actor call then finds out whether the peer is alive)."""
-        channel = self.channels.get(peer.address)
-        if channel is None:
-            channel = self.channels[peer.address] = Channel(self.worker, peer.address)
-        if not channel.unavailable:
+    async def _replicate(self, peer: Peer, entry: tuple) -> None:
+        """``replicate(entry)`` on ``peer``: an entry without big values through
+        the :class:`~._channel.Channel` to its worker; an actor call otherwise,
+        when there is no channel, or when it broke (the actor call then finds
+        out whether the peer is alive)."""
+        _, _, bigs = entry
+        channel = None if bigs else self._channel_to(peer.address)
+        if channel is not None and not channel.unavailable:
             try:
                 return await channel.replicate(peer.actor_key, entry)
             except OSError:
                 pass
         return await execute_on(self.worker, peer.address, peer.actor_key, "replicate", [entry])
+
+    def _channel_to(self, address: str) -> Channel:
+        channel = self.channels.get(address)
+        if channel is None:
+            channel = self.channels[address] = Channel(self.worker, address)
+        return channel
