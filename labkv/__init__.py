@@ -17,11 +17,10 @@ from . import lr_scheduler, optimizers
 from ._args import LengthMismatchError
 from ._arrays import array, full, ones, zeros
 from ._types import LOCAL_KINDS, store_kind
+from ._version import PROTOCOL, __version__
 from .devices import Device, cpu, device_of, devices, gpu, num_gpus, to_device
 from .events import Event, EventBus
 from .store import KVStore
-
-__version__ = "0.1.0"
 
 
 def create(name: str = "local", **kwargs: Any) -> KVStore:
@@ -66,6 +65,8 @@ __all__ = [
     "EventBus",
     "KVStore",
     "LengthMismatchError",
+    "PROTOCOL",
+    "__version__",
     "array",
     "cpu",
     "create",

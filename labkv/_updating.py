@@ -44,6 +44,13 @@ class Updating:
         with the key as the user gave it. If it raises, the exception reaches
         the caller and no key of that push changes.
 
+        On a ``dist_*`` store every rank ships its updater to the servers and
+        returns once they have it; the store's owner's (rank 0 of a run, or the
+        notebook that shares its store) replaces what is there, another rank's
+        is used only where none is set yet (pickled code cannot be compared,
+        so otherwise it is ignored): set the same updater on every rank. MXNet:
+        a worker's ``_set_updater`` changes only its own process's store.
+
         >>> import labkv, numpy as np
         >>> kv = labkv.create()
         >>> kv.init(3, np.ones(2))
@@ -65,6 +72,16 @@ class Updating:
         """Run ``optimizer`` on the store: pushes are gradients, the stored
         values are the weights. ``optimizer`` is a :mod:`labkv.optimizers`
         object or its name (then ``params`` are its hyper-parameters).
+
+        On a ``dist_*`` store every rank ships the optimizer (its config) to
+        the servers and returns once they have it, so that its later pushes
+        are applied with it. The store's owner's (rank 0 of a run, or the
+        notebook that shares its store) replaces what is there, with fresh
+        states, except an equal one another rank set first, which is kept with
+        its states. Another rank's is used where none is set yet; if the
+        servers use a different one, it raises ``ValueError`` naming the rank
+        and the difference, and changes nothing. MXNet: the servers take every
+        worker's, the last to arrive wins, states start afresh each time.
 
         >>> import labkv, numpy as np
         >>> kv = labkv.create()
@@ -118,6 +135,11 @@ class Updating:
         """Compress pushed gradients: ``{'type': '2bit', 'threshold': 0.5}``
         (or ``'1bit'``; ``'none'`` turns it off). Each device keeps a residual
         per key; only float32 values can be compressed.
+
+        Applied where the pushes are made: on a ``dist_*`` store each rank
+        compresses its own pushes (each message says how), so a rank's pushes
+        after the call are compressed whatever the other ranks do. MXNet: each
+        worker compresses its own; rank 0 also tells the servers the type.
 
         >>> import labkv, numpy as np
         >>> kv = labkv.create("device")

@@ -68,6 +68,12 @@ class Shard:
         self.updater: Updater | None = None
         self.optimizer: Any = None
         self.states: dict[Key, Any] = {}
+        # The updater or optimizer came from a rank that does not own the store
+        # (a cluster server's rules: the owner's equal optimizer keeps it).
+        self.provisional = False
+        # Per sender, the id of the last setting call taken: a call made again
+        # after a failover (it may have reached this replica already) is taken once.
+        self.last_setting: dict[str, str] = {}
         self.events = events
         self.rank = rank
         self.server = server
@@ -98,10 +104,12 @@ class Shard:
             device = device_of(value)
             self.states[key] = tuple(to_device(s, device, copy=False) for s in self.states[key])
 
-    def set_updater(self, updater: Updater | None) -> None:
-        """Use ``updater(key, merged, stored)`` from now on (None: back to ASSIGN)."""
+    def set_updater(self, updater: Updater | None, provisional: bool = False) -> None:
+        """Use ``updater(key, merged, stored)`` from now on (None: back to ASSIGN);
+        ``provisional``: it comes from a rank that does not own the store."""
         self.updater = updater
         self.optimizer = None
+        self.provisional = provisional
 
     def export_states(self) -> tuple[int, dict[Key, int], dict[Key, tuple]]:
         """The optimizer's ``(num_update, per-key update counts, per-key states)``:
@@ -132,11 +140,13 @@ class Shard:
         self.optimizer.index_update_count = dict(counts)
         self.states = placed
 
-    def set_optimizer(self, optimizer: Any) -> None:
-        """Run ``optimizer`` on every push from now on; states start fresh."""
+    def set_optimizer(self, optimizer: Any, provisional: bool = False) -> None:
+        """Run ``optimizer`` on every push from now on; states start fresh.
+        ``provisional``: it comes from a rank that does not own the store."""
         self.optimizer = optimizer
         self.updater = None
         self.states = {}
+        self.provisional = provisional
 
     def _merged(self, key: Key, values: Sequence[Any], owned: bool = False) -> Any:
         kept = self._keepable(key, values) if owned else None

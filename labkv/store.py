@@ -111,6 +111,14 @@ class KVStore(Checks, Updating, Reporting):
         is used (the others must have the same shape). The store keeps its own
         copy: changing ``value`` afterwards does not change the store.
 
+        On a local store the key is there when ``init`` returns. On a
+        ``dist_*`` store the owner (rank 0 of a run, or the notebook that
+        shares its store) initialises the key on the servers; another rank's
+        ``init`` waits until the owner's is done, checks that the shapes and
+        dtypes agree, and its values are not used: its pushes are applied to
+        the owner's value. MXNet: rank 0 pushes the values, every worker's
+        init ends in a barrier.
+
         >>> import labkv, numpy as np
         >>> kv = labkv.create()
         >>> kv.init(["a", "b"], [np.zeros(2), np.ones(3)])

@@ -4,73 +4,22 @@ openssl (a client without the right certificate is refused)."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from labkv.cluster import connect, run
+from tests._cli import Procs, start_scheduler, start_worker
 
 pytestmark = pytest.mark.slow
 
-DASK = [sys.executable, "-m", "dask"]
-
-
-class Procs:
-    """CLI processes in their own sessions, stopped by PID (never by name)."""
-
-    def __init__(self, logdir: Path):
-        self.logdir, self.procs = logdir, []
-
-    def start(self, name: str, args: list[str]) -> None:
-        log = open(self.logdir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        self.procs.append(
-            subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        )
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(self.procs):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)  # the group our own child leads
-                p.wait(timeout=5)
-
-
-def _scheduler_address(path: Path, timeout: float = 60) -> str:
-    end = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > end:
-            raise TimeoutError(f"{path} did not appear")
-        time.sleep(0.05)
-    time.sleep(0.05)  # the file is written in one go, but give it a moment
-    return json.loads(path.read_text())["address"]
-
 
 def _start(procs: Procs, tmp: Path, extra: list[str], protocol: list[str]) -> str:
-    sf = tmp / "scheduler.json"
-    procs.start(
-        "scheduler",
-        [*DASK, "scheduler", *protocol, "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
-        + ["--scheduler-file", str(sf), *extra],
-    )
-    address = _scheduler_address(sf)
-    procs.start(
-        "worker",
-        [*DASK, "worker", address, "--host", "127.0.0.1", "--nworkers", "2", "--nthreads", "1"]
-        + ["--no-dashboard", "--memory-limit", "1GiB", "--local-directory", str(tmp / "w")]
-        + ["--death-timeout", "30", *extra],
-    )
+    address = start_scheduler(procs, tmp, extra=[*protocol, *extra])
+    start_worker(procs, "w", address, tmp, nworkers=2, extra=extra)
     return address
 
 

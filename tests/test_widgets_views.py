@@ -432,3 +432,21 @@ def test_close_never_raises_and_says_what_it_could_not_read(monkeypatch):
     assert wait_until(lambda: "(closed" not in d.header.value, timeout=5.0)
     mon.close()
     assert "(closed): " in d.header.value
+
+
+def test_a_monitor_without_ipywidgets_names_the_extra_to_install(monkeypatch, capsys):
+    import sys
+
+    kv = labkv.create("local")
+    mon = monitor(kv)
+    try:
+        kv.init("w", np.zeros(2))
+        monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets fails
+        with pytest.raises(ImportError, match=r"pip install 'labkv\[lab\]'"):
+            _ = mon.widget
+        assert mon.dashboard is None
+        mon._ipython_display_()  # what a notebook cell that shows it calls
+        shown = capsys.readouterr().out
+        assert "labkv[lab]" in shown and str(mon).splitlines()[0] in shown
+    finally:
+        mon.close()

@@ -3,6 +3,10 @@
 :func:`connect` returns a :class:`ClusterHandle` that owns the ``Client``
 (and the ``LocalCluster`` when it started one). Closing the handle closes
 only what it started: attaching to someone's scheduler never stops it.
+
+:func:`default_handle` is the cluster a store or a run uses when given none:
+the one the user attached to (Dask's default client, as Dask's own collections
+use it), and an embedded cluster only when there is none.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import gc
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 import dask
+import distributed
 from distributed import Client, LocalCluster, Security
 
 
@@ -22,13 +28,21 @@ class ClusterHandle:
     """A connection to a Dask cluster; a context manager.
 
     ``client`` is the ``distributed.Client``; ``cluster`` the ``LocalCluster``
-    it started (None when attached to an address).
+    it started (None when attached to an address). ``owns_client=False``: a
+    handle on a client made by someone else (Dask's default client), which
+    :meth:`close` leaves open.
     """
 
-    def __init__(self, client: Client, cluster: LocalCluster | None = None):
+    def __init__(
+        self, client: Client, cluster: LocalCluster | None = None, *, owns_client: bool = True
+    ):
         self.client = client
         self.cluster = cluster
+        self._owns_client = owns_client
         self._closed = False
+        # Nodes that passed labkv's check ('scheduler' and worker addresses; see _compat).
+        self._checked: set[str] = set()
+        _handles[id(client)] = self
 
     @property
     def address(self) -> str:
@@ -51,12 +65,25 @@ class ClusterHandle:
         identity = self.client.sync(self.client.scheduler.identity, n_workers=-1)
         return sorted(identity["workers"])
 
+    def check(self) -> None:
+        """Check that the scheduler and every worker run this labkv (version and
+        wire protocol) beside a numpy of the same major version; raise a
+        ``ClusterMismatchError`` with one line per node that differs, within
+        seconds. ``labkv.create('dist_*')`` and ``run`` check the nodes they use.
+
+        >>> handle.check()  # doctest: +SKIP
+        """
+        from ._compat import check_cluster
+
+        check_cluster(self, self.workers())
+
     def close(self) -> None:
         """Close the client and, if this handle started it, the cluster (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        self.client.close()
+        if self._owns_client:
+            self.client.close()
         if self.cluster is not None:
             self.cluster.close()
 
@@ -69,6 +96,10 @@ class ClusterHandle:
     def __repr__(self) -> str:
         kind = "embedded" if self.cluster is not None else "attached"
         return f"<labkv.cluster.ClusterHandle {kind} {self.address}>"
+
+
+#: The handles made in this process, by ``id`` of their client.
+_handles: weakref.WeakValueDictionary[int, ClusterHandle] = weakref.WeakValueDictionary()
 
 
 def _default_workers() -> int:
@@ -103,6 +134,7 @@ def connect(
     security: Security | None = None,
     *,
     set_as_default: bool = True,
+    upload: bool = False,
     **kw: Any,
 ) -> ClusterHandle:
     """Start an embedded ``LocalCluster`` (``address=None``) or attach to a
@@ -117,10 +149,26 @@ def connect(
     Dask's default scheduler (dask.array ``compute()`` then stays local). In a script that starts a cluster, call this under
     ``if __name__ == "__main__":`` (worker processes are spawned).
 
+    The handle becomes the default cluster of ``labkv.create('dist_*')`` and
+    :func:`labkv.cluster.run` called without ``cluster=`` (its client is Dask's
+    default client; with ``set_as_default=False`` pass it as ``cluster=``).
+    Before a store's servers or a run's ranks start, labkv checks that the
+    scheduler and those workers run this labkv (same version and wire protocol)
+    beside a numpy of the same major version, and fails within seconds naming
+    each node that differs. ``upload=True`` (attached only) ships this
+    process's labkv to the scheduler and to every worker, those that join later
+    included, unless all of them already have it, and raises if a node still
+    differs (a numpy of another major version cannot be shipped); your own
+    modules travel with
+    ``handle.client.upload_file("mymodule.py")`` (scheduler and workers too).
+
     >>> with connect(n_workers=2) as handle:  # doctest: +SKIP
     ...     len(handle.workers())
     2
+    >>> handle = connect("tcp://10.0.0.5:8786", upload=True)  # doctest: +SKIP
     """
+    if upload and address is None:
+        raise ValueError("upload=True ships labkv to an attached cluster; the embedded one has it")
     cluster = None
     # The client talks to server actors directly (bulk data never goes through
     # the scheduler): without direct_to_workers a client's actor calls are
@@ -164,16 +212,59 @@ def connect(
         raise
     if address is not None and n_workers:
         client.wait_for_workers(n_workers, timeout=60)
-    return ClusterHandle(client, cluster)
+    handle = ClusterHandle(client, cluster)
+    if upload:
+        try:
+            ship_labkv(handle)
+        except BaseException:
+            handle.close()
+            raise
+    return handle
+
+
+def ship_labkv(handle: ClusterHandle) -> None:
+    """Upload this process's labkv to ``handle``'s scheduler and workers unless
+    they all have it (see :mod:`._upload`), then check them again."""
+    from ._compat import ClusterMismatchError
+    from ._upload import upload_labkv
+
+    try:
+        handle.check()
+        return
+    except ClusterMismatchError:
+        pass
+    upload_labkv(handle.client)
+    handle._checked.clear()
+    handle.check()
 
 
 _default: ClusterHandle | None = None
 _default_lock = threading.Lock()
 
 
+def attached_handle() -> ClusterHandle | None:
+    """A handle on Dask's default client (the latest :func:`connect` made with
+    ``set_as_default=True``, or a ``distributed.Client`` of the user's), or None."""
+    try:
+        client = distributed.default_client()
+    except ValueError:
+        return None
+    if client.status in ("closing", "closed"):
+        return None
+    handle = _handles.get(id(client))
+    if handle is None or handle._closed or handle.client is not client:
+        handle = ClusterHandle(client, owns_client=False)
+    return handle
+
+
 def default_handle() -> ClusterHandle:
-    """The process-wide embedded cluster, started on first use, closed at exit."""
+    """The cluster to use when none is given: the attached one
+    (:func:`attached_handle`), else the process-wide embedded cluster, started
+    on first use and closed at exit."""
     global _default
+    attached = attached_handle()
+    if attached is not None:
+        return attached
     with _default_lock:
         if _default is None or _default._closed:
             _default = connect()

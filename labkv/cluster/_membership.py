@@ -106,6 +106,8 @@ class Membership:
             "optimizer": optimizer,
             "states": states,
             "updater": None if shard.updater is None else cloudpickle.dumps(shard.updater),
+            "provisional": shard.provisional,  # set by a non-owner: the owner's equal one keeps it
+            "last_setting": dict(shard.last_setting),
             "next_seq": dict(self.next_seq),
             "applied_seq": dict(self.applied_seq),
             "failures": self._owed_failures(),
@@ -144,11 +146,12 @@ class Membership:
         for key, done in snap["done"].items():
             self.rounds.add(key)
             self.rounds[key].done = done
+        provisional, shard.last_setting = snap["provisional"], dict(snap["last_setting"])
         if snap["optimizer"] is not None:
-            shard.set_optimizer(Optimizer.from_config(snap["optimizer"]))
+            shard.set_optimizer(Optimizer.from_config(snap["optimizer"]), provisional)
             shard.import_states(*snap["states"])
         elif snap["updater"] is not None:
-            shard.set_updater(pickle.loads(snap["updater"]))
+            shard.set_updater(pickle.loads(snap["updater"]), provisional)
         members = [Peer._make(m) for m in snap["group"]]
         self._start_group(members, members.index(self.me))
         self.issued = self.acked = snap["index"]

@@ -25,7 +25,7 @@ from ..devices import copy_into, device_of, empty
 from ..reduce import sum_into
 from ._device import host_view
 from ._pack import PACK_BELOW
-from ._placement import Piece
+from ._placement import ORDER_RULE, Piece
 from ._wire import Codes, Push, PushHeader, pack_values
 
 Meta = dict  # key -> (shape, np.dtype)
@@ -195,17 +195,30 @@ def split_states(
     return list(zip(server_counts, server_states, strict=True))
 
 
-def check_same_init(found: dict, items: list) -> None:
+def check_same_init(found: dict, items: list, ids: dict) -> None:
     """Refuse a rank's init of a key that rank 0 initialised differently
-    (``found``: the servers' ``{key: (shape, dtype)}``)."""
+    (``found``: the servers' ``{key: KeyMeta}``; ``ids``: this rank's id of
+    each key, see :mod:`._placement`).
+
+    >>> from ._wire import KeyMeta
+    >>> check_same_init({"b": KeyMeta((2,), "<f8", 1)}, [("b", np.zeros(2))], {"b": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: key 'b' was initialised by rank 0 with id 1 (its string key number 1), but this rank numbers it 0 (string keys are numbered in init order: initialise them in the same order on every rank)
+    """
     for key, array in items:
         if key in found:
-            shape, dtype = found[key].shape, found[key].dtype
+            shape, dtype, owner_id = found[key]
             if tuple(shape) != tuple(array.shape) or np.dtype(dtype) != array.dtype:
                 raise ValueError(
                     f"key {key!r} was initialised by rank 0 with shape {tuple(shape)} "
                     f"and dtype {np.dtype(dtype)}; this rank gave {tuple(array.shape)} "
                     f"{array.dtype}"
+                )
+            if owner_id != ids[key]:
+                raise ValueError(
+                    f"key {key!r} was initialised by rank 0 with id {owner_id} (its string "
+                    f"key number {owner_id}), but this rank numbers it {ids[key]} ({ORDER_RULE})"
                 )
 
 

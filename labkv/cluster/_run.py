@@ -30,6 +30,7 @@ import distributed
 
 from .._types import dist_kind
 from ._barrier import abort_name, clear_barrier
+from ._compat import check_cluster
 from ._connect import ClusterHandle, default_handle
 from ._device import parse_server_device
 from ._errors import TIMEOUTS, ClusterError
@@ -228,7 +229,10 @@ def run(
     in this process with ``labkv.create`` (its servers are shared: the notebook
     watches the ranks' keys, and a monitor of that store sees the servers' and
     the ranks' events; it owns init and the optimizer, and its own pushes should
-    wait until the run is over). ``num_workers`` defaults to all
+    wait until the run is over). ``cluster`` defaults to the cluster this
+    process attached to (see :func:`labkv.cluster.default_handle`), an
+    embedded one only when there is none; its scheduler and workers are
+    checked first, as ``labkv.create`` checks them. ``num_workers`` defaults to all
     the cluster's workers; asking for more fails at once. ``timeout`` bounds
     every wait of the ranks (rounds, init, barrier); ``bigarray_bound`` is the
     size from which values are sliced across servers; ``server_device`` where
@@ -277,10 +281,16 @@ def run(
     if not isinstance(num_workers, int) or num_workers < 1:
         raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
     if num_workers > len(workers):
+        hint = (
+            f"; start an embedded cluster with enough: labkv.cluster.connect(n_workers={num_workers})"
+            if handle.cluster is not None
+            else f"; start more workers for it, or ask for num_workers <= {len(workers)}"
+        )
         raise ClusterError(
             f"run needs {num_workers} Dask workers (one per rank); the cluster has "
-            f"{len(workers)}: {workers}"
+            f"{len(workers)}: {workers}{hint}"
         )
+    check_cluster(handle, workers)
     client = handle.client
     group = f"labkv-barrier-{uuid.uuid4().hex[:8]}"
     futures_to_release = None

@@ -50,6 +50,7 @@ from ._device import (
 from ._errors import answered
 from ._events import EventStream
 from ._pack import PACK_BELOW
+from ._placement import ORDER_RULE
 from ._replication import Replication
 from ._rounds import (
     Clocks,
@@ -172,7 +173,7 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
         for item in items:
             key, piece, shape = item.key, item.piece, item.shape
             self.shard.init(key, to_device(np.asarray(piece, dtype=item.dtype), self.device))
-            self.meta[key] = KeyMeta(tuple(shape), item.dtype)
+            self.meta[key] = KeyMeta(tuple(shape), item.dtype, item.key_id)
             # A whole value, or slice 0 of a sliced one (slice s lives on server s): the
             # piece whose receipt stands for the push, so views count each push once.
             whole = piece.size == int(np.prod(shape))
@@ -184,23 +185,26 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
         self._wake()
 
     @answered
-    async def keys(self, wanted: list[Key] | None = None) -> dict[Key, tuple[tuple, str]]:
-        """``{key: (shape, dtype)}`` of the wanted keys that exist (all with None)."""
+    async def keys(self, wanted: list[Key] | None = None) -> dict[Key, KeyMeta]:
+        """``{key: KeyMeta}`` of the wanted keys that exist (all with None)."""
         if wanted is None:
             return dict(self.meta)
         return {k: self.meta[k] for k in wanted if k in self.meta}
 
     @answered
-    async def wait_keys(self, wanted: list[Key]) -> dict[Key, tuple[tuple, str]]:
+    async def wait_keys(self, wanted: list[Key]) -> dict[Key, KeyMeta]:
         """Wait until every wanted key is initialised (by rank 0); their metadata."""
-        await self._wait(
-            lambda: all(k in self.meta for k in wanted),
-            lambda: (
-                f"keys {[k for k in wanted if k not in self.meta]} were never initialised "
-                "(rank 0 has not called init for them)"
-            ),
-        )
+        await self._wait(lambda: all(k in self.meta for k in wanted), lambda: self._never(wanted))
         return {k: self.meta[k] for k in wanted}
+
+    def _never(self, wanted: list[Key]) -> str:
+        """Why ``wait_keys(wanted)`` timed out."""
+        missing = [k for k in wanted if k not in self.meta]
+        why = f"keys {missing} were never initialised (rank 0 has not called init for them"
+        if any(isinstance(k, str) for k in missing):
+            # A rank whose order differs places the key elsewhere and waits here in vain.
+            why += f", or initialised them in another order, on another server; {ORDER_RULE}"
+        return why + ")"
 
     # -- push and pull ----------------------------------------------------------
     @answered

@@ -16,6 +16,7 @@ from typing import Any
 import distributed
 
 from .._types import SYNC_KINDS, dist_kind
+from ._compat import check_cluster
 from ._connect import ClusterHandle, default_handle
 from ._device import parse_server_device
 from ._errors import TIMEOUTS, ClusterError
@@ -219,7 +220,10 @@ def create_store(
     ``'dist'`` and ``'dist_sync_device'`` too).
 
     ``cluster``: a handle from :func:`labkv.cluster.connect` (default: the
-    embedded cluster, started on first use). ``num_servers`` defaults to the
+    cluster this process attached to, see :func:`labkv.cluster.default_handle`;
+    an embedded one is started only when there is none). The scheduler and the
+    workers are checked first (labkv's version and wire protocol, numpy's major
+    version): a mismatch fails within seconds, naming each node. ``num_servers`` defaults to the
     number of Dask workers; ``server_workers`` pins servers to given workers
     (round-robin). ``timeout`` bounds every cross-process wait.
     ``server_device``: where servers keep their values: ``'auto'`` (the
@@ -253,6 +257,7 @@ def create_store(
     handle = cluster if cluster is not None else default_handle()
     workers = server_workers or handle.workers()
     num_servers = num_servers or len(workers)
+    check_cluster(handle, workers)
     futures, actors, spec = start_servers(
         handle,
         kind,

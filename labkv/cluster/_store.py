@@ -14,9 +14,14 @@ Choices made here, and why:
 - **Per-device values are summed here first** (``dist_device_sync``: on the
   device they live on), so one array per key crosses the network.
 - **Only the store's owner (rank 0, or the notebook when it shares its store
-  with a run) initialises keys and ships updaters/optimizers.** Other ranks
-  wait until the keys exist; a rank-0 push cannot enter a round before the
-  optimizer it set is on every server, so no ordering race exists in dist_sync.
+  with a run) initialises keys; every rank ships its updater or optimizer**,
+  saying whether it is the owner (the servers' rules are in :mod:`._control`),
+  and returns once every server has one: a rank's later pushes are applied
+  with it, as in MXNet. Other ranks' ``init`` waits until the owner's keys
+  exist, and checks them.
+- **``str`` keys are numbered in init order** (:class:`._placement.KeyIds`),
+  MXNet's rule, so that a model's keys spread over the servers; the owner's
+  number travels with its init, and a rank that numbered a key otherwise is told.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from . import _messages as messages
 from ._barrier import EventBarrier
 from ._calls import ACK_ABOVE, Calls
 from ._connect import ClusterHandle
+from ._errors import ClusterError
 from ._events import ClusterBus, topic_of
-from ._placement import Piece, place
+from ._placement import KeyIds, Piece, place
 from ._replicas import check_replicated_updater, replicated_links
 from ._reseed import replica_lost
 from ._server import Server
@@ -95,6 +101,7 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         self._reseeded: list[Any] = []  # futures of replicas started after a failover
         self._calls = Calls(links, spec.timeout, self._restore_residuals)
         self._pieces: dict[Key, list[Piece]] = {}
+        self._ids = KeyIds()  # str keys numbered in this process's init order, as MXNet
         self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
         # With compression: per key, the residuals its last push replaced and
         # that push's sequence number per server (restored if that push fails).
@@ -205,9 +212,13 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         replica_lost(self.events, self._rank, self._handle, self._spec, link, old, self._reseeded)
 
     # -- keys ------------------------------------------------------------------------
-    def _learn(self, key: Key, shape: tuple, dtype: Any) -> None:
-        size = int(np.prod(shape, dtype=np.int64))
-        self._pieces[key] = place(key, size, self.num_servers, self._spec.bigarray_bound)
+    def _place(self, key_id: int, size: int) -> list[Piece]:
+        return place(key_id, size, self.num_servers, self._spec.bigarray_bound)
+
+    def _learn(self, key: Key, shape: tuple, dtype: Any, owner_id: int) -> None:
+        """A key this rank never initialised: placed by the id its owner gave it."""
+        self._ids.adopt(key, owner_id)
+        self._pieces[key] = self._place(owner_id, int(np.prod(shape, dtype=np.int64)))
         self._meta[key] = (tuple(shape), np.dtype(dtype))
         if self._key_kind is None:
             self._key_kind = type(key)
@@ -221,30 +232,71 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
             for found in self._all_servers("keys", unknown):
                 for k, meta in found.items():
                     if k not in self._meta:
-                        self._learn(k, meta.shape, meta.dtype)
+                        self._learn(k, meta.shape, meta.dtype, meta.key_id)
         super()._check_known(keys)
 
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
-        placed = {
-            k: place(k, int(a.size), self.num_servers, self._spec.bigarray_bound) for k, a in items
-        }
+        keys = [k for k, _ in items]
+        ids = dict(zip(keys, self._ids.proposed(keys), strict=True))
+        placed = {k: self._place(ids[k], int(a.size)) for k, a in items}
         self._check_replicated_updater(self._updater, placed)
-        per_server: dict[int, list] = defaultdict(list)
         if self._owner:
+            per_server: dict[int, list] = defaultdict(list)
             for key, array in items:
                 host = messages.host(array)
                 for s, piece in messages.split(host, placed[key]):
-                    per_server[s].append(InitItem(key, piece, tuple(host.shape), host.dtype.str))
+                    item = InitItem(key, piece, tuple(host.shape), host.dtype.str, ids[key])
+                    per_server[s].append(item)
             calls = [(s, self._call(s, "init", batch)) for s, batch in per_server.items()]
             self._wait_all(calls, "init")
         else:
-            for key, _ in items:
-                for p in placed[key]:
-                    per_server[p.server].append(key)
-            calls = [(s, self._call(s, "wait_keys", keys)) for s, keys in per_server.items()]
-            for found in self._wait_all(calls, "init (waiting for rank 0)"):
-                messages.check_same_init(found, items)
+            self._wait_for_owner(items, ids, placed)
+        self._ids.assign(keys)
         self._pieces.update(placed)
+
+    def _wait_for_owner(self, items: list[tuple[Key, Any]], ids: dict, placed: dict) -> None:
+        """A non-owner's init: wait until the owner has initialised ``items``
+        where this rank placed them, and check it gave the same shapes, dtypes
+        and ids. A str key the owner numbered otherwise lives elsewhere: every
+        server is asked first (the owner may have initialised it already) and
+        after a wait that timed out, so that the error says why."""
+        named = [k for k, _ in items if isinstance(k, str)]
+        if named:
+            self._check_owner_ids(named, items, ids)
+        per_server: dict[int, list] = defaultdict(list)
+        for key, _ in items:
+            for p in placed[key]:
+                per_server[p.server].append(key)
+        calls = [(s, self._call(s, "wait_keys", keys)) for s, keys in per_server.items()]
+        try:
+            found = self._wait_all(calls, "init (waiting for rank 0)")
+        except ClusterError:
+            mismatch = self._mismatch(named, items, ids) if named else None
+            if mismatch is None:
+                raise
+            raise mismatch from None
+        for meta in found:
+            messages.check_same_init(meta, items, ids)
+
+    def _check_owner_ids(self, keys: list[Key], items: list[tuple[Key, Any]], ids: dict) -> None:
+        """Refuse ``keys`` that the owner has initialised differently (any server)."""
+        found: dict[Key, Any] = {}
+        for metas in self._all_servers("keys", keys):
+            found.update(metas)
+        messages.check_same_init(found, items, ids)  # the first key of items named
+
+    def _mismatch(
+        self, keys: list[Key], items: list[tuple[Key, Any]], ids: dict
+    ) -> ValueError | None:
+        """After a wait for ``keys`` timed out: the error of the owner's other
+        init of one of them, the real cause (None when there is none to see)."""
+        try:
+            self._check_owner_ids(keys, items, ids)
+        except ValueError as exc:
+            return exc
+        except ClusterError:
+            pass  # the servers cannot say: the timeout stands
+        return None
 
     # -- push and pull -------------------------------------------------------------
     def _push_impl(self, items: Items) -> None:
@@ -323,17 +375,29 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
     def placement(self) -> dict[Key, list[dict[str, Any]]]:
         """Where every key lives, in the local store's format: per key, its
         pieces ``{'server': s, 'device': 'cpu(0)@<worker address>', 'start': a,
-        'stop': b}`` (flat element offsets; one piece, or one slice per server
-        for values of at least ``bigarray_bound`` elements)."""
+        'stop': b, 'replicas': [<worker address>, ...]}`` (flat element offsets;
+        one piece, or one slice per server for values of at least
+        ``bigarray_bound`` elements; ``replicas``: the workers holding the
+        piece, primary first, the one worker when ``replicas=1``). A value
+        below ``bigarray_bound`` lives on server ``(id * 9973) % num_servers``,
+        a str key's id its position in init order (see
+        :mod:`labkv.cluster._placement`).
+
+        >>> kv.init(["W1", "b1"], [np.zeros(4), np.zeros(2)])  # doctest: +SKIP
+        >>> [kv.placement()[k][0]["server"] for k in ["W1", "b1"]]  # doctest: +SKIP
+        [0, 1]
+        """
         table = messages.placement_table(
             self._pieces, self._meta, self._spec.server_devices, self._spec.server_addresses
         )
-        if self._spec.replicas > 1:  # the workers of each piece's replicas, primary first
-            for pieces in table.values():
-                for piece in pieces:
+        for pieces in table.values():
+            for piece in pieces:
+                if self._spec.replicas > 1:  # the workers of its replicas, primary first
                     link = self._links[piece["server"]]
                     piece["replicas"] = link.addresses()
                     piece["device"] = piece["device"].split("@")[0] + "@" + link.address
+                else:
+                    piece["replicas"] = [self._spec.server_addresses[piece["server"]]]
         return table
 
     def server_load(self) -> list[dict[str, Any]]:

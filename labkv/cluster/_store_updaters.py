@@ -1,10 +1,12 @@
 """The updater side of a :class:`~._store.DistStore`: updaters and optimizers
-shipped to the servers (by the store's owner only), optimizer states gathered
-from and loaded into them, and the compression residuals put back when a
-server's update of this rank's push fails."""
+shipped to the servers (by every rank, saying whether it owns the store: the
+servers' rules are in :mod:`._control`), optimizer states gathered from and
+loaded into them, and the compression residuals put back when a server's
+update of this rank's push fails."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 from ..optimizers import Optimizer
@@ -14,19 +16,25 @@ __all__ = ["StoreUpdaters"]
 
 
 class StoreUpdaters:
-    """:class:`~._store.DistStore` methods; they use its ``_owner``, ``_calls``,
+    """:class:`~._store.DistStore` methods; they use its ``_owner``, ``_rank``, ``_calls``,
     ``_pieces``, ``_meta``, ``_compression``, ``_residual_undo``,
     ``num_servers`` and its ways of calling the servers."""
 
     def _set_updater_impl(self, updater: Callable) -> None:
         self._check_replicated_updater(updater, self._pieces)
         blob = messages.pickled_updater(updater)  # refused here if it cannot travel
-        if self._owner:
-            self._all_servers("set_updater", blob)
+        self._all_servers("set_updater", blob, self._owner, self._call_id())
 
     def _set_optimizer_impl(self, optimizer: Optimizer) -> None:
-        if self._owner:  # an optimizer travels as its config: data, not code
-            self._all_servers("set_optimizer", optimizer.to_config())
+        # An optimizer travels as its config (data, not code), which the servers
+        # compare with theirs: a non-owner's that differs is refused there.
+        config = optimizer.to_config()
+        self._all_servers("set_optimizer", config, self._owner, self._rank, self._call_id())
+
+    def _call_id(self) -> tuple[str, str]:
+        """A setting call's id: a replica takes a call made again after a
+        failover (which it may have taken already) once."""
+        return self._calls.sender, uuid.uuid4().hex
 
     def _optimizer_states(self) -> tuple[int, dict, dict]:
         self.flush()

@@ -98,13 +98,16 @@ class InitItem(NamedTuple):
     piece: np.ndarray
     shape: tuple  # the whole value's shape
     dtype: str
+    key_id: int  # the owner's id of the key, which placed it (see _placement)
 
 
 class KeyMeta(NamedTuple):
-    """A key's whole shape and dtype, as a server reports it."""
+    """A key's whole shape and dtype, and the id its owner placed it by
+    (a rank that learns the key places it the same way), as a server reports it."""
 
     shape: tuple
     dtype: str
+    key_id: int
 
 
 class States(NamedTuple):

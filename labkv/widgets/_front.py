@@ -7,7 +7,24 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FrontEnd"]
+__all__ = ["FrontEnd", "require_widgets"]
+
+#: What to install for the dashboard (ipywidgets, bokeh and jupyter_bokeh).
+INSTALL_HINT = "pip install 'labkv[lab]'"
+
+
+def require_widgets() -> None:
+    """Raise an ImportError naming the extra to install when ipywidgets is missing.
+
+    >>> require_widgets()  # ipywidgets comes with labkv[lab]
+    """
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"the monitor's dashboard needs ipywidgets ({exc}): {INSTALL_HINT} installs "
+            "it with bokeh and jupyter_bokeh; print(monitor) shows the text summary meanwhile"
+        ) from exc
 
 
 class FrontEnd:
@@ -35,6 +52,7 @@ class FrontEnd:
     def widget(self) -> Any:
         """The dashboard's root ipywidget (built on first use; starts the refresh thread)."""
         if self._dashboard is None:
+            require_widgets()
             from ._views import Dashboard, ValueState
 
             with self._refresh_lock:

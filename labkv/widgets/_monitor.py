@@ -325,5 +325,10 @@ class Monitor(FrontEnd):
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
+        try:
+            widget = self.widget
+        except ImportError as exc:  # no ipywidgets: the text, and what to install
+            print(f"{self}\n\n{exc}")
+            return
         _load_bokehjs()
-        display(self.widget)
+        display(widget)

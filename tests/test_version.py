@@ -1,0 +1,59 @@
+"""labkv's version and wire protocol: the protocol number changes whenever the
+wire does, so that processes of different labkv versions never half-understand
+each other (the cluster check compares the numbers, see ``labkv.cluster._compat``)."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+from pathlib import Path
+
+import labkv
+from labkv.cluster import _wire
+from labkv.cluster._server import Server
+from labkv.cluster._servers import StoreSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The wire's fingerprint for each protocol number. When the wire changes, give
+#: labkv.PROTOCOL a new number and record its fingerprint here.
+FINGERPRINTS = {2: "ad85f9304809db2f"}
+
+
+def wire_description() -> str:
+    """What the processes of a store send each other: every message type's
+    fields and every server method a rank or a peer calls, with its parameters."""
+    lines = []
+    for name, obj in sorted(vars(_wire).items()):
+        if isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields"):
+            lines.append(f"message {name}{obj._fields}")
+    lines.append(f"spec {sorted(StoreSpec.__dataclass_fields__)}")
+    for name, method in sorted(inspect.getmembers(Server, inspect.isfunction)):
+        if not name.startswith("_"):
+            lines.append(f"server {name}{list(inspect.signature(method).parameters)}")
+    return "\n".join(lines)
+
+
+def test_the_protocol_number_changes_with_the_wire():
+    fingerprint = hashlib.sha256(wire_description().encode()).hexdigest()[:16]
+    assert FINGERPRINTS.get(labkv.PROTOCOL) == fingerprint, (
+        f"the wire is now {fingerprint}, recorded for protocol {labkv.PROTOCOL} as "
+        f"{FINGERPRINTS.get(labkv.PROTOCOL)}: if the wire changed, give labkv.PROTOCOL a new "
+        f"number and record {{{labkv.PROTOCOL + 1}: {fingerprint!r}}} in FINGERPRINTS"
+    )
+
+
+def test_the_wire_description_sees_messages_and_server_methods():
+    described = wire_description()
+    assert "message Push(" in described and "server push['self', 'msg']" in described
+    assert "server init[" in described and "spec [" in described
+
+
+def test_the_package_version_is_the_one_labkv_reports():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and 'path = "labkv/_version.py"' in pyproject
+    assert re.fullmatch(r"\d+\.\d+\.\d+", labkv.__version__)
+    from importlib.metadata import version
+
+    assert version("labkv") == labkv.__version__
