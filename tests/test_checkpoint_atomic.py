@@ -1,0 +1,96 @@
+"""A checkpoint is written atomically: a save that fails (a full disk, here a
+file size limit) or is killed midway leaves the previous file as it was."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import labkv
+
+resource = pytest.importorskip("resource")
+
+SAVER = textwrap.dedent(
+    """
+    import resource, signal, sys
+    import numpy as np
+    import labkv
+
+    path, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    kv = labkv.create("local")
+    kv.init("w", np.zeros(n, np.float32))
+    kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+    kv.push("w", np.ones(n, np.float32))
+    if mode == "limit":  # a disk that takes only 64 KiB more
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+        try:
+            kv.save_optimizer_states(path)
+        except OSError as exc:
+            print("refused", exc.errno, flush=True)
+    else:  # save again and again until killed
+        print("ready", flush=True)
+        while True:
+            kv.push("w", np.ones(n, np.float32))
+            kv.save_optimizer_states(path)
+    """
+)
+
+
+def _good_checkpoint(path) -> bytes:
+    kv = labkv.create("local")
+    kv.init("w", np.zeros(4, np.float32))
+    kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+    kv.push("w", np.full(4, 2.0, np.float32))
+    kv.save_optimizer_states(path)
+    return path.read_bytes()
+
+
+def _loads(path) -> bool:
+    kv = labkv.create("local")
+    kv.init("w", np.zeros(4, np.float32))
+    kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+    kv.load_optimizer_states(path)
+    return True
+
+
+def test_a_save_that_fails_for_want_of_space_keeps_the_last_checkpoint(tmp_path):
+    path = tmp_path / "states"
+    before = _good_checkpoint(path)
+    done = subprocess.run(
+        [sys.executable, "-c", SAVER, str(path), "limit", str(1 << 16)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.startswith("refused"), done.stdout + done.stderr
+    assert path.read_bytes() == before and _loads(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["states"]  # no temporary left
+
+
+def test_a_save_killed_midway_leaves_a_loadable_checkpoint(tmp_path):
+    path = tmp_path / "states"
+    _good_checkpoint(path)
+    rng = random.Random(7)
+    for _ in range(10):
+        saver = subprocess.Popen(
+            [sys.executable, "-c", SAVER, str(path), "loop", str(4 << 20)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert saver.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.05, 0.6))
+        finally:
+            saver.kill()
+            saver.wait(timeout=30)
+            saver.stdout.close()
+        meta, arrays = labkv._statefile.load(path)
+        sizes = {a.size for a in arrays.values()}
+        assert sizes in ({4}, {4 << 20}), sizes  # the old file or a whole new one
