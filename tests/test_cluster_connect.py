@@ -48,3 +48,11 @@ def test_a_configured_mmap_threshold_wins(clean_environ):
     # Dask's own trim setting is left as Dask configures it.
     trim = dask.config.get("distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_")
     assert got == {(str(1 << 20), str(trim))}
+
+
+def test_the_embedded_dashboard_listens_on_loopback_only():
+    with connect(n_workers=1, set_as_default=False) as handle:
+        assert handle.dashboard_link.startswith("http://127.0.0.1:")
+        sockets = handle.cluster.scheduler.http_server._sockets.values()
+        hosts = {s.getsockname()[0] for s in sockets}
+        assert hosts == {"127.0.0.1"}, hosts  # not 0.0.0.0 or ::

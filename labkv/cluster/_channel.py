@@ -26,12 +26,23 @@ cluster's own security). The answer carries a random token that each
 connection must send first, so only a peer that may already call the
 worker's handlers can send entries. With ``tls://`` the socket uses the
 worker's own TLS contexts.
+
+What a stranger can do to the listener is bounded: a connection must send
+the token within :data:`TOKEN_TIMEOUT_S`, at most
+:data:`MAX_UNAUTHENTICATED` connections may wait to do so (more are closed
+at once, so a flood cannot use up the worker's file descriptors), and a
+frame announcing more than :data:`MAX_KEY_BYTES` of actor key or
+:data:`MAX_BLOB_BYTES` of entry closes its connection before anything is
+read (bigger entries go as actor calls). The listener accepts at most
+``_BACKLOG`` connections at a time, so its descriptors stay bounded. Such refusals are logged once per
+listener, at warning level, not as a traceback per connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import struct
 import weakref
@@ -46,6 +57,19 @@ _CALL = struct.Struct("<QQII")  # call id, entry index, actor key bytes, entry b
 _REPLY = struct.Struct("<QBI")  # call id, status, error message bytes
 _FAILED, _OK, _DEPOSED = 0, 1, 2  # the statuses: the backup's answer deposes the primary
 _TOKEN_BYTES = 16
+
+#: Seconds a new connection has to send its token.
+TOKEN_TIMEOUT_S = 5.0
+#: Connections that may wait to send their token at once; more are closed.
+MAX_UNAUTHENTICATED = 64
+#: The longest actor key and entry a frame may announce (longer ones close it).
+MAX_KEY_BYTES = 1 << 10
+MAX_BLOB_BYTES = 64 << 20
+# Connections accepted in one go: with the waiting ones, what the listener can
+# hold open at once stays far below a worker's descriptor limit.
+_BACKLOG = 16
+
+logger = logging.getLogger(__name__)
 
 
 def install(worker: Any) -> None:
@@ -80,6 +104,8 @@ class _Listener:
         self.starting: asyncio.Lock | None = None
         self.served = 0  # entries applied from channels, for tests and benchmarks
         self.connections: set[asyncio.StreamWriter] = set()
+        self.unauthenticated = 0  # connections that have not sent the token yet
+        self.refused = 0  # connections closed unread: no token in time, too many, bad frames
 
     async def address(self) -> tuple[str, int, bytes] | None:
         """``(host, port, token)``, or None when this worker's comm is not TCP."""
@@ -94,7 +120,9 @@ class _Listener:
                 if scheme == "tls":
                     ssl = self.worker.security.get_listen_args("worker")["ssl_context"]
                 try:
-                    self.server = await asyncio.start_server(self._serve, host, 0, ssl=ssl)
+                    self.server = await asyncio.start_server(
+                        self._serve, host, 0, ssl=ssl, backlog=_BACKLOG
+                    )
                 except OSError:
                     self.failed = True
                     return None
@@ -107,12 +135,15 @@ class _Listener:
         running: set[asyncio.Future] = set()
         self.connections.add(writer)
         try:
-            if not secrets.compare_digest(await reader.readexactly(_TOKEN_BYTES), self.token):
+            if not await self._authenticated(reader):
                 return
             while True:
                 call_id, index, key_len, blob_len = _CALL.unpack(
                     await reader.readexactly(_CALL.size)
                 )
+                if key_len > MAX_KEY_BYTES or blob_len > MAX_BLOB_BYTES:
+                    self._refuse(f"a frame of {key_len} + {blob_len} bytes")
+                    return
                 actor_key = (await reader.readexactly(key_len)).decode()
                 blob = await reader.readexactly(blob_len)
                 task = asyncio.ensure_future(
@@ -122,9 +153,40 @@ class _Listener:
                 task.add_done_callback(running.discard)
         except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # the primary closed the channel, its worker died, or this one closes
+        except Exception as exc:  # a malformed stream: close it, quietly
+            self._refuse(f"a malformed stream ({type(exc).__name__})")
         finally:
             self.connections.discard(writer)
             writer.close()
+
+    async def _authenticated(self, reader: asyncio.StreamReader) -> bool:
+        """Whether the connection sends the token in time (see module doc)."""
+        if self.unauthenticated >= MAX_UNAUTHENTICATED:
+            self._refuse(f"more than {MAX_UNAUTHENTICATED} connections without a token")
+            return False
+        self.unauthenticated += 1
+        try:
+            token = await asyncio.wait_for(reader.readexactly(_TOKEN_BYTES), TOKEN_TIMEOUT_S)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError):
+            self._refuse(f"no token within {TOKEN_TIMEOUT_S:g} s")
+            return False
+        finally:
+            self.unauthenticated -= 1
+        if not secrets.compare_digest(token, self.token):
+            self._refuse("a wrong token")
+            return False
+        return True
+
+    def _refuse(self, why: str) -> None:
+        """Count a connection closed unread; log the first of them only."""
+        self.refused += 1
+        if self.refused == 1:
+            logger.warning(
+                "labkv's replication listener on %s closed a connection: %s (later ones "
+                "are counted, not logged)",
+                self.worker.address,
+                why,
+            )
 
     async def _answer(
         self, writer: asyncio.StreamWriter, call_id: int, actor_key: str, entry: tuple

@@ -142,7 +142,7 @@ def connect(
 
     Embedded: worker processes on 127.0.0.1, one thread each (ranks run one per
     worker; servers are actors on the workers' event loops and need no thread),
-    dashboard on a free port, Dask's logs shown from level ERROR (``silence_logs``), and
+    dashboard on a free port of 127.0.0.1 (pass ``dashboard_address`` to choose), Dask's logs shown from level ERROR (``silence_logs``), and
     glibc told to reuse big buffers (see
     ``_MALLOC_ENV``; configure ``distributed.nanny.pre-spawn-environ`` to
     override); ``kw`` go to ``LocalCluster``. Attached: ``kw`` go to ``Client``. ``set_as_default=False`` keeps the client from becoming
@@ -184,7 +184,8 @@ def connect(
             "threads_per_worker": 1,
             "processes": True,
             "host": "127.0.0.1",
-            "dashboard_address": ":0",
+            # ":0" would bind every interface; the embedded cluster is this machine's own.
+            "dashboard_address": "127.0.0.1:0",
             # Dask's warnings about its own routine (a nanny restarting a worker, the
             # scheduler removing one) land in the notebook under whichever cell runs;
             # labkv raises the error that matters at the call it breaks (a lost server,

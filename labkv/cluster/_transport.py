@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._channel import Channel, install
+from ._channel import MAX_BLOB_BYTES, Channel, install
 from ._errors import TIMEOUTS, ClusterError
 from ._wire import Peer, encode
 
@@ -337,8 +337,9 @@ class DaskHost(Host):
         the :class:`~._channel.Channel` to its worker; an actor call otherwise,
         when there is no channel, or when it broke (the actor call then finds
         out whether the peer is alive)."""
-        _, _, bigs = entry
-        channel = None if bigs else self._channel_to(peer.address)
+        _, blob, bigs = entry
+        fits = not bigs and len(blob) <= MAX_BLOB_BYTES
+        channel = self._channel_to(peer.address) if fits else None
         if channel is not None and not channel.unavailable:
             try:
                 return await channel.replicate(peer.actor_key, entry)
