@@ -13,6 +13,13 @@ Choices made here, and why:
 - **Small pushes are held** (:mod:`._holding`) when the link runs on an event
   loop: a push to a server in this process, or one that travels as one frame;
   every other call sends what is held first, and a pull carries it.
+- **Calls leave whole, and an interrupted one finishes before the next
+  leaves** (:meth:`Calls.sending`): a Ctrl-C while sequence numbers are taken
+  and messages handed over waits until they are sent; every wait stays
+  interruptible, and the calls an interrupted wait leaves behind are waited
+  for (their errors raised) before this rank sends anything else, so that no
+  later call overtakes them (a push must not reach a server before the
+  optimizer an interrupted ``set_optimizer`` sent there).
 """
 
 from __future__ import annotations
@@ -20,11 +27,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._errors import ClusterError
 from ._holding import Holding
+from ._interrupts import sigint_held
 from ._pack import sealable
 from ._replicas import is_lost, kept_copy
 from ._transport import ServerLink, wait_all
@@ -35,7 +43,8 @@ ACK_ABOVE = 1 << 20
 
 
 class Calls:
-    """The calls of one rank (``sender``, a fresh id per store instance) to its
+    """The calls of one rank (``sender``, a fresh id per store instance, after
+    ``sender_prefix``: a run's ranks carry the run's, see ``Server.barred``) to its
     servers through ``links``; every wait is bounded by ``timeout`` (plus a
     grace, see :func:`._transport.wait_all`); ``on_server_error`` sees each
     error a server raised before it is raised here."""
@@ -45,9 +54,10 @@ class Calls:
         links: list[ServerLink],
         timeout: float,
         on_server_error: Callable[[BaseException], None] | None = None,
+        sender_prefix: str = "",
     ):
         self.links, self.timeout, self.on_server_error = links, timeout, on_server_error
-        self.sender = uuid.uuid4().hex
+        self.sender = sender_prefix + uuid.uuid4().hex
         self.sent = [0] * len(links)  # pushes sent to each server
         self.inflight: list[tuple[int, Any]] = []
         loop = links[0].loop if links else None
@@ -57,13 +67,37 @@ class Calls:
         # and a call that finds its primary lost fails over and is made again.
         self.replicated = any(getattr(link, "replicated", False) for link in links)
         self.told: set[tuple] = set()  # the failed updates raised here (see _told_before)
+        self.interrupted: list[tuple[int, Any]] = []  # calls whose wait was interrupted
+
+    @contextlib.contextmanager
+    def sending(self, what: str) -> Iterator[None]:
+        """A block that takes sequence numbers or hands pushes over: a SIGINT
+        is held until it ends (see :mod:`._interrupts`); anything else that is
+        not an ``Exception`` escaping it closes the calls, since a number may
+        have been taken and not sent."""
+        if self.interrupted:  # before anything else leaves (see module doc)
+            interrupted, self.interrupted = self.interrupted, []
+            self.wait(interrupted, "a call interrupted before")
+        with sigint_held:
+            try:
+                yield
+            except Exception:
+                raise
+            except BaseException as exc:
+                self.closed = (
+                    f"this store is closed: {type(exc).__name__} interrupted a {what} while it "
+                    "was being sent, which may have left this rank's pushes out of order; make "
+                    "a new store (and load its values and states from a checkpoint)"
+                )
+                raise
 
     def call(self, s: int, method: str, *args: Any) -> Any:
         """Call ``method(*args)`` on server ``s`` after sending the held pushes,
         so that every call sees this rank's earlier pushes; a future."""
-        if self.holding:
-            self.holding.release()
-        return self.send(s, method, *args)
+        with self.sending(method):
+            if self.holding:
+                self.holding.release()
+            return self.send(s, method, *args)
 
     def send(self, s: int, method: str, *args: Any) -> Any:
         """:meth:`call` without sending the held pushes first."""
@@ -75,11 +109,21 @@ class Calls:
         return self.send(s, "push", msg)
 
     def wait(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
-        """Results of in-flight calls ``(server, future)``, in order."""
-        links = self.links
-        if self.replicated:
-            return self._wait_replicated(calls, what)
-        return wait_all([(links[s], f) for s, f in calls], what, self.timeout, self.on_server_error)
+        """Results of in-flight calls ``(server, future)``, in order; when the
+        wait is interrupted (not by an ``Exception``), the calls are waited for
+        before the next call leaves (see module doc)."""
+        try:
+            if self.replicated:
+                return self._wait_replicated(calls, what)
+            links = self.links
+            return wait_all(
+                [(links[s], f) for s, f in calls], what, self.timeout, self.on_server_error
+            )
+        except Exception:
+            raise
+        except BaseException:
+            self.interrupted.extend(calls)
+            raise
 
     def _wait_replicated(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
         """:meth:`wait` with failover: a call whose primary is lost waits for the
@@ -177,8 +221,11 @@ class Calls:
         return link.call(method, *args)
 
     def all(self, method: str, *args: Any) -> list[Any]:
-        """``method(*args)`` on every server; their results by server id."""
-        return self.wait([(s, self.call(s, method, *args)) for s in range(len(self.links))], method)
+        """``method(*args)`` on every server; their results by server id.
+        The calls leave whole (every server gets one, Ctrl-C or not)."""
+        with self.sending(method):
+            calls = [(s, self.call(s, method, *args)) for s in range(len(self.links))]
+        return self.wait(calls, method)
 
     def next_seq(self, s: int) -> int:
         """The sequence number of this rank's next push to server ``s`` (counted as sent)."""
@@ -187,7 +234,16 @@ class Calls:
         return seq
 
     def push(self, messages: list[tuple[int, Push]], wait: bool, keep_copies: bool = False) -> None:
-        """Send one push message per server; ``wait``: until all have been applied.
+        """:meth:`send_pushes`, then :meth:`finish_pushes`."""
+        with self.sending("push"):
+            calls = self.send_pushes(messages, wait, keep_copies)
+        self.finish_pushes(calls, wait)
+
+    def send_pushes(
+        self, messages: list[tuple[int, Push]], wait: bool, keep_copies: bool = False
+    ) -> list[tuple[int, Any]]:
+        """Send one push message per server (call it inside :meth:`sending`, with
+        the numbers' taking); the calls to give :meth:`finish_pushes`.
         Not waited for: held when that helps (see module doc), else in flight.
         Replicated servers: each push is kept until acknowledged; with
         ``keep_copies``, a waited-for push (it lends the caller's arrays) is kept
@@ -219,29 +275,36 @@ class Calls:
             self.inflight.append((s, held))
         for s, msg in lent:
             self.links[s].keep(msg.header.seq, kept_copy(msg))
-        if wait:
-            self.flush()
-            self.wait(calls, "push")
-        else:
+        return calls
+
+    def finish_pushes(self, calls: list[tuple[int, Any]], wait: bool) -> None:
+        """``wait``: wait until the pushes ``calls`` have been applied; else keep
+        them in flight."""
+        if not wait:
             self.inflight.extend(calls)
+            return
+        self.flush()
+        self.wait(calls, "push")
 
     def pull(self, keys: dict[int, list]) -> list[Any]:
         """Pull ``keys[s]`` from each server ``s``: each pull carries the pushes
         held for its server (the others are sent now), and waits, on the server,
         for this rank's earlier pushes. The replies, in the order of ``keys``."""
-        carried = self.holding.release(carry=keys) if self.holding else {}
-        sent = self.sent
-        calls = [
-            (s, self.send(s, "pull", Pull(self.sender, sent[s], ks, tuple(carried.get(s, ())))))
-            for s, ks in keys.items()
-        ]
+        with self.sending("pull"):  # the held pushes ride in the pulls: all of them leave
+            carried = self.holding.release(carry=keys) if self.holding else {}
+            sent = self.sent
+            calls = [
+                (s, self.send(s, "pull", Pull(self.sender, sent[s], ks, tuple(carried.get(s, ())))))
+                for s, ks in keys.items()
+            ]
         self.flush()  # waits concurrently with the pulls: both are already sent
         return self.wait(calls, "pull")
 
     def flush(self) -> None:
         """Wait for the pushes still in flight (raising their errors)."""
         if self.holding:
-            self.holding.release()
+            with self.sending("push"):
+                self.holding.release()
         inflight, self.inflight = self.inflight, []
         self.wait(inflight, "a push")
 

@@ -188,8 +188,13 @@ class ServerControl:
         self.waiting.aborted = None
 
     @answered
-    async def abort(self, reason: str) -> None:
-        """Wake every waiter with ``ClusterError(reason)`` and drop open rounds."""
+    async def abort(self, reason: str, run: str | None = None) -> None:
+        """Wake every waiter with ``ClusterError(reason)`` and drop open rounds;
+        ``run``: the barrier group of the run stopped, whose ranks' pushes and
+        pulls are refused from now on (the ranks of a stopped run that still
+        execute must not change a shared store)."""
+        if run is not None and f"{run}/" not in self.barred:
+            self.barred = (*self.barred, f"{run}/")
         self.rounds.drop_open()
         self._prepared.clear()
         self._votes.clear()

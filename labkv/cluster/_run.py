@@ -35,6 +35,7 @@ from ._connect import ClusterHandle, default_handle
 from ._device import parse_server_device
 from ._errors import TIMEOUTS, ClusterError
 from ._events import EventStream, topic_of
+from ._interrupts import sigint_held
 from ._placement import DEFAULT_BIGARRAY_BOUND
 from ._replicas import replicated_links
 from ._reseed import heal
@@ -50,6 +51,9 @@ from ._store import DistStore
 from ._transport import ActorLink
 
 _POLL_S = 0.25
+# How long an interrupted run waits for its ranks' threads to end (their next call
+# to a server fails; a rank busy computing ends at its next call, later).
+_STOP_S = 10.0
 # A call onto the rank's own worker loop (never waits on another process).
 _LOOP_CALL_S = 10.0
 
@@ -123,16 +127,52 @@ def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> 
 
 
 def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reason: str) -> None:
-    """Wake every waiting rank with an error (best effort: servers may be gone)."""
+    """Wake every waiting rank with an error, and have the servers refuse this
+    run's ranks from now on (best effort: servers may be gone)."""
     calls = []
     for s, actor in enumerate(servers):  # with replicas: every replica, replica-major
         address = getattr(actor, "_address", None) or spec.server_addresses[s % spec.num_servers]
         with contextlib.suppress(Exception):  # its worker may be gone
-            calls.append(ActorLink(s, address, actor).call("abort", reason))
+            calls.append(ActorLink(s, address, actor).call("abort", reason, spec.group))
     distributed.Event(abort_name(spec.group), client=client).set()
     for call in calls:
         with contextlib.suppress(Exception):
             call.result(timeout=5)
+
+
+def _ranks_running(keys: list[str], dask_worker: Any = None) -> list[str]:
+    """The rank tasks among ``keys`` whose thread still runs on ``dask_worker``
+    (a cancelled task's thread runs on: Dask cannot stop a thread)."""
+    return [k for k in keys if k in dask_worker.active_keys]
+
+
+def _stop_ranks(
+    handle: ClusterHandle,
+    spec: StoreSpec,
+    servers: list[Any],
+    futures: list[Any],
+    rank_workers: list[str],
+    why: str,
+) -> None:
+    """An interrupted run: the servers refuse its ranks (each fails at its next
+    call), they are cancelled, and this waits (at most ``_STOP_S``) until no
+    rank's thread runs any more, so that none writes to a shared store after
+    ``run`` returns (each call the servers refuse fails its rank)."""
+    client = handle.client
+    with sigint_held:  # a second Ctrl-C must not leave the ranks half stopped
+        _abort(client, spec, servers, f"the run was interrupted ({why})")
+        client.cancel(futures)
+    keys = [f.key for f in futures]
+    deadline = time.monotonic() + _STOP_S
+    while time.monotonic() < deadline:
+        try:
+            running = client.run(_ranks_running, keys, workers=rank_workers, on_error="return")
+        except Exception:  # workers gone: their ranks with them
+            return
+        running = {w: r for w, r in running.items() if not isinstance(r, BaseException)}
+        if not any(running.values()):
+            return
+        time.sleep(_POLL_S)
 
 
 def _watch(
@@ -345,6 +385,11 @@ def run(
         with client.as_current():  # distributed.wait looks for "the current client"
             out = _watch(handle, futures, rank_workers, spec, servers, reseeded)
         ok = True
+    except Exception:
+        raise
+    except BaseException as exc:  # Ctrl-C: no rank may go on writing to the store
+        _stop_ranks(handle, spec, servers, futures, rank_workers, type(exc).__name__)
+        raise
     finally:
         if shared:
             try:

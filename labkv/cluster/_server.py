@@ -47,7 +47,7 @@ from ._device import (
     pick_server_device,
     warm_up,
 )
-from ._errors import answered
+from ._errors import ClusterError, answered
 from ._events import EventStream
 from ._pack import PACK_BELOW
 from ._placement import ORDER_RULE
@@ -135,6 +135,9 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
         # dist_ssp: per-key clocks of the ranks, and each sender's rank (a pull names its sender)
         self.clocks = None if staleness is None else Clocks(staleness, num_workers)
         self.rank_of: dict[str, int] = {}
+        # Sender prefixes of the runs aborted on this server (a rank's sender starts
+        # with its run's barrier group): their ranks' calls are refused for good.
+        self.barred: tuple[str, ...] = ()
         self.stream = EventStream(
             self.bus,
             lambda batch: host.log_event(self.topic, batch),
@@ -206,6 +209,13 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
             why += f", or initialised them in another order, on another server; {ORDER_RULE}"
         return why + ")"
 
+    def _barred_error(self, rank: int | None) -> ClusterError:
+        who = "a rank" if rank is None else f"rank {rank}"
+        return ClusterError(
+            f"server {self.sid} refuses {who} of a run that was stopped (interrupted, or a "
+            "rank failed): that run's ranks may not change the store any more"
+        )
+
     # -- push and pull ----------------------------------------------------------
     @answered
     async def push(self, msg: Push | tuple | bytes) -> tuple | None:
@@ -216,6 +226,8 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
         push = decode_push(msg)
         h = push.header
         sender, rank, seq, keys, codes = h.sender, h.rank, h.seq, h.keys, h.codes
+        if self.barred and sender.startswith(self.barred):
+            raise self._barred_error(rank)
         borrowed = h.borrowed and bool(h.big)
         self.messages["push"] += 1
         await self._pushes_arrived(sender, seq, f"rank {rank}")
@@ -353,6 +365,8 @@ class Server(Updates, Replication, ServerEvents, ServerControl):
         is then this call's). Returns the encoded :class:`~._wire.Values`."""
         pull = decode_pull(msg)
         sender, seq, keys = pull.sender, pull.seq, pull.keys
+        if self.barred and sender.startswith(self.barred):
+            raise self._barred_error(None)
         error = None
         for push in pull.pushes:
             try:

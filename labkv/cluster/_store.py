@@ -99,7 +99,10 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
                 links = rank_links(addresses, servers, Server)
         self._links = links
         self._reseeded: list[Any] = []  # futures of replicas started after a failover
-        self._calls = Calls(links, spec.timeout, self._restore_residuals)
+        # A run's ranks send as "<run's barrier group>/<rank>/...": a stopped run's
+        # servers refuse them (see Server.barred); the notebook's store has no prefix.
+        prefix = "" if handle is not None else f"{spec.group}/{rank}/"
+        self._calls = Calls(links, spec.timeout, self._restore_residuals, prefix)
         self._pieces: dict[Key, list[Piece]] = {}
         self._ids = KeyIds()  # str keys numbered in this process's init order, as MXNet
         self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
@@ -247,7 +250,8 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
                 for s, piece in messages.split(host, placed[key]):
                     item = InitItem(key, piece, tuple(host.shape), host.dtype.str, ids[key])
                     per_server[s].append(item)
-            calls = [(s, self._call(s, "init", batch)) for s, batch in per_server.items()]
+            with self._calls.sending("init"):  # every server gets its part, Ctrl-C or not
+                calls = [(s, self._call(s, "init", batch)) for s, batch in per_server.items()]
             self._wait_all(calls, "init")
         else:
             self._wait_for_owner(items, ids, placed)
@@ -306,23 +310,26 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         per_server, nbytes = messages.per_server(items, self._meta, self._pieces, compression)
         wait = nbytes >= ACK_ABOVE
         links = self._links
-        msgs = [
-            (
-                s,
-                messages.push_message(
-                    (calls.sender, self._rank, calls.next_seq(s)),
-                    batch,
-                    self._meta,
-                    copy=not wait,
-                    same_process=links[s].same_process,
-                    compression=compression,
-                ),
-            )
-            for s, batch in per_server.items()
-        ]
         # A replicated dist_sync push is kept until its round is acknowledged, after
         # the push returns: a big one lent to the server is copied to be kept.
-        calls.push(msgs, wait, keep_copies=self._spec.replicas > 1 and self._spec.sync)
+        keep_copies = self._spec.replicas > 1 and self._spec.sync
+        with calls.sending("push"):  # numbers taken are numbers sent, Ctrl-C or not
+            msgs = [
+                (
+                    s,
+                    messages.push_message(
+                        (calls.sender, self._rank, calls.next_seq(s)),
+                        batch,
+                        self._meta,
+                        copy=not wait,
+                        same_process=links[s].same_process,
+                        compression=compression,
+                    ),
+                )
+                for s, batch in per_server.items()
+            ]
+            sent = calls.send_pushes(msgs, wait, keep_copies)
+        calls.finish_pushes(sent, wait)
 
     def _pull_impl(self, items: Items) -> None:
         per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
