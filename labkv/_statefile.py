@@ -1,7 +1,12 @@
 """Optimizer-state files: arrays in an ``.npz``, everything else as JSON inside it.
 
-Loading never runs code: ``np.load(..., allow_pickle=False)`` and ``json``
-only. The file is written to exactly the given name (no ``.npz`` is added),
+Loading never runs code, and reads only what it checked: :class:`StateFile`
+opens the zip itself, reads a member only when asked for it by name, checks
+its ``.npy`` header (shape, a float dtype) before its data and refuses a
+member whose size on disk or unpacked exceeds what that header needs (a small
+file can hold a huge deflated member), with ``allow_pickle=False`` and
+``json`` only. Every refusal is a ``ValueError`` naming the file and what is
+wrong, never numpy's hint to load with ``allow_pickle``. The file is written to exactly the given name (no ``.npz`` is added),
 atomically: into a temporary file in the same folder, flushed to disk, then
 renamed over the name. A save that fails (a full disk) or is killed leaves the
 previous file exactly as it was, so the last good checkpoint is never lost.
@@ -13,6 +18,7 @@ import contextlib
 import json
 import os
 import uuid
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -82,16 +88,141 @@ def atomic_write(path: str | os.PathLike) -> Any:
             os.close(dir_fd)
 
 
+#: The largest metadata member read (its JSON: keys, counts, optimizer settings).
+MAX_META_BYTES = 16 << 20
+#: What an array member may hold beyond its data: the .npy header.
+_HEADER_SLACK = 1 << 16
+
+
+class StateFileError(ValueError):
+    """A state file that cannot be loaded: the message names the file and why."""
+
+
+class StateFile:
+    """An optimizer-state file opened for checked reading (a context manager):
+    ``meta`` is its JSON; :meth:`array` reads one member, checked.
+
+    >>> import tempfile, pathlib
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "states"
+    >>> save(path, {"keys": []}, {"s0_0": np.ones(3, np.float32)})
+    >>> with StateFile(path) as f:
+    ...     f.meta["keys"], f.array("s0_0", (3,))
+    ([], array([1., 1., 1.], dtype=float32))
+    >>> with StateFile(path) as f:
+    ...     f.array("s0_0", (4,))
+    Traceback (most recent call last):
+    ...
+    labkv._statefile.StateFileError: ...: member 's0_0' holds shape (3,), not (4,)
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.name = repr(os.fspath(path))
+        try:
+            empty = os.path.getsize(path) == 0
+        except OSError as exc:
+            raise self.error(f"{exc.strerror or exc}") from None
+        if empty:
+            raise self.error("the file is empty")
+        try:
+            self._zip = zipfile.ZipFile(path)
+        except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
+            raise self.error(f"not a labkv optimizer-state file ({exc})") from None
+        try:
+            self._members = {i.filename: i for i in self._zip.infolist()}
+            raw = self._read(_META + ".npy", MAX_META_BYTES, np.dtype(np.uint8), None)
+            try:
+                meta = json.loads(raw.tobytes().decode("utf-8"))
+            except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+                raise self.error(f"its metadata is not JSON ({type(exc).__name__})") from None
+            if not isinstance(meta, dict):
+                raise self.error("its metadata is not a JSON object")
+            if meta.get("format") != FORMAT:
+                raise self.error(f"format {meta.get('format')!r}, not {FORMAT}")
+            self.meta: dict[str, Any] = meta
+        except BaseException:
+            self._zip.close()
+            raise
+
+    def error(self, why: str) -> StateFileError:
+        return StateFileError(f"cannot load optimizer states from {self.name}: {why}")
+
+    def names(self) -> list[str]:
+        """The array members other than the metadata, without ``.npy``."""
+        return [n[:-4] for n in self._members if n.endswith(".npy") and n != _META + ".npy"]
+
+    def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Member ``name``: refused unless a float array of exactly ``shape``."""
+        return self._read(name + ".npy", None, None, tuple(shape))
+
+    def _read(
+        self, member: str, max_bytes: int | None, dtype: np.dtype | None, shape: tuple | None
+    ) -> np.ndarray:
+        info = self._members.get(member)
+        what = f"member {member[:-4]!r}"
+        if info is None:
+            raise self.error(f"{what} is missing")
+        try:
+            with self._zip.open(info) as f:
+                got_shape, fortran, got_dtype = self._header(f, what)
+                if got_dtype.hasobject:
+                    raise self.error(f"{what} holds Python objects")
+                if dtype is not None and got_dtype != dtype:
+                    raise self.error(f"{what} has dtype {got_dtype}, not {dtype}")
+                if dtype is None and got_dtype.kind != "f":
+                    raise self.error(f"{what} has dtype {got_dtype}; states are float arrays")
+                if shape is not None and tuple(got_shape) != shape:
+                    raise self.error(f"{what} holds shape {tuple(got_shape)}, not {shape}")
+                nbytes = int(np.prod(got_shape, dtype=np.int64)) * got_dtype.itemsize
+                limit = nbytes + _HEADER_SLACK
+                if max_bytes is not None:
+                    limit = min(limit, max_bytes)
+                if info.file_size > limit or info.compress_size > limit:
+                    raise self.error(f"{what} is {info.file_size} bytes, for {nbytes} of data")
+                data = f.read(nbytes + 1)
+        except StateFileError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, RuntimeError) as exc:
+            raise self.error(f"{what} cannot be read ({type(exc).__name__}: {exc})") from None
+        if len(data) != nbytes:
+            raise self.error(f"{what} holds {len(data)} bytes of data, not {nbytes}")
+        array = np.frombuffer(data, dtype=got_dtype)
+        order = "F" if fortran else "C"
+        return array.reshape(got_shape, order=order).copy(order=order)
+
+    def _header(self, f: Any, what: str) -> tuple[tuple, bool, np.dtype]:
+        """A member's ``.npy`` header: ``(shape, fortran order, dtype)``."""
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(f)
+        if version == (2, 0):
+            return np.lib.format.read_array_header_2_0(f)
+        raise self.error(f"{what} has .npy version {version}")
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """The shape member ``name``'s header declares (nothing else is read)."""
+        info = self._members.get(name + ".npy")
+        if info is None:
+            raise self.error(f"member {name!r} is missing")
+        try:
+            with self._zip.open(info) as f:
+                return tuple(self._header(f, f"member {name!r}")[0])
+        except StateFileError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, RuntimeError) as exc:
+            raise self.error(f"member {name!r} cannot be read ({type(exc).__name__})") from None
+
+    def close(self) -> None:
+        self._zip.close()
+
+    def __enter__(self) -> StateFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def load(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read a file written by :func:`save`: ``(meta, arrays)``."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            if _META not in f.files:
-                raise ValueError(f"{os.fspath(path)!r} is not a labkv optimizer-state file")
-            meta = json.loads(f[_META].tobytes().decode())
-            arrays = {name: f[name] for name in f.files if name != _META}
-    except (OSError, EOFError) as exc:
-        raise ValueError(f"cannot read optimizer states from {os.fspath(path)!r}: {exc}") from exc
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{os.fspath(path)!r} has format {meta.get('format')!r}, not {FORMAT}")
-    return meta, arrays
+    """Read a whole file written by :func:`save`: ``(meta, arrays)``, each
+    array checked against its own header (see :class:`StateFile`)."""
+    with StateFile(path) as f:
+        return f.meta, {name: f.array(name, f.shape_of(name)) for name in f.names()}

@@ -122,11 +122,13 @@ class Updating:
     def load_optimizer_states(self, fname: str | os.PathLike) -> None:
         """Load states saved by :meth:`save_optimizer_states`. If the file
         holds the optimizer's settings, that optimizer is set first.
-        The file is checked whole before anything changes."""
-        shapes = {k: shape for k, (shape, _) in self._meta.items()}
-        have = self._optimizer is not None
-        config, num_update, counts, states = _optstates.load(fname, shapes, have)
-        optimizer = Optimizer.from_config(config) if config else self._optimizer
+        The file is checked whole before anything changes: its keys against
+        the store's, each key's number of states against what the optimizer
+        keeps, their shapes and float dtypes against the value's; only the
+        members needed are read, each no bigger than its header says; a
+        refusal is a ``ValueError`` naming the file, the key and the field."""
+        loaded = _optstates.load(fname, dict(self._meta), self._optimizer)
+        optimizer, num_update, counts, states = loaded
         if optimizer is not self._optimizer:
             self.set_optimizer(optimizer)
         self._load_optimizer_states(num_update, counts, states)
