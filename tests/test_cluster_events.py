@@ -64,12 +64,12 @@ def test_server_events_reach_the_notebook_bus(handle):
         assert load.extra["device"] == kv.placement()[0][0]["device"].split("@")[0]
         assert load.extra["bytes_in"] >= 3 * 16 and load.extra["bytes_held"] == 16
         sub.unsubscribe()
-        time.sleep(0.3)
-        n = len(handle.client.get_events(topic_of(kv.store_id)))
+        time.sleep(2.5)  # past the scheduler's second look for a last batch (forget_topic)
+        assert handle.client.get_events(topic_of(kv.store_id)) == ()  # the topic is dropped
         kv.push(0, np.ones(4, dtype=np.float32))
         kv.pull(0)
         time.sleep(0.3)
-        assert len(handle.client.get_events(topic_of(kv.store_id))) == n  # streaming stopped
+        assert handle.client.get_events(topic_of(kv.store_id)) == ()  # streaming stopped
     finally:
         kv.close()
 
@@ -81,3 +81,34 @@ def test_the_last_subscriber_may_leave_after_the_store_is_closed(handle):
     kv.close()
     sub.unsubscribe()  # the servers are gone: leaving is still quiet
     assert not kv.events.active
+
+
+def _topics(dask_scheduler=None):
+    return list(dask_scheduler._broker._topics)
+
+
+def test_a_closed_or_unwatched_store_leaves_no_events_on_the_scheduler(handle):
+    from labkv.widgets import monitor
+
+    for end in ("close", "unwatch"):
+        kv = labkv.create("dist_sync", cluster=handle, num_servers=2)
+        topic = topic_of(kv.store_id)
+        mon = monitor(kv)
+        try:
+            kv.init("w", np.zeros(4, np.float32))
+            for _ in range(20):
+                kv.push("w", np.ones(4, np.float32))
+                kv.pull("w")
+            assert wait_until(lambda t=topic: t in handle.client.run_on_scheduler(_topics), 10)
+            if end == "unwatch":
+                mon.close()
+                time.sleep(2.5)  # the scheduler looks again for a last batch (FORGET_AGAIN_S)
+                assert topic not in handle.client.run_on_scheduler(_topics)
+                kv.push("w", np.ones(4, np.float32))  # unwatched: nothing is sent
+                time.sleep(0.3)
+                assert topic not in handle.client.run_on_scheduler(_topics)
+        finally:
+            mon.close()
+            kv.close()
+        time.sleep(2.5)
+        assert topic not in handle.client.run_on_scheduler(_topics), end

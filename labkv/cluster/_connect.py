@@ -58,7 +58,9 @@ class ClusterHandle:
             return None
 
     def workers(self) -> list[str]:
-        """The addresses of the live Dask workers, sorted (fresh from the scheduler)."""
+        """The addresses of the live Dask workers, sorted (fresh from the scheduler);
+        a ``ClusterError`` at once when the scheduler is gone."""
+        raise_if_scheduler_gone(self.client)
         # Asked of the scheduler itself: Client.scheduler_info() returns the client's
         # cache, which its periodic refresh may overwrite, while the call waits, with
         # a summary that lists no workers (live workers would then look dead).
@@ -96,6 +98,29 @@ class ClusterHandle:
     def __repr__(self) -> str:
         kind = "embedded" if self.cluster is not None else "attached"
         return f"<labkv.cluster.ClusterHandle {kind} {self.address}>"
+
+
+def scheduler_gone(client: Any) -> str | None:
+    """Why ``client`` has no scheduler any more (its connection broke and it is
+    reconnecting, or it closed), or None."""
+    status = getattr(client, "status", "running")
+    if status in ("connecting", "closing", "closed", "failed"):
+        address = getattr(getattr(client, "scheduler", None), "address", None) or "its address"
+        return (
+            f"the Dask scheduler at {address} is gone (the client is {status}): Dask's workers "
+            "stop with their scheduler, and every server's values and optimizer states with "
+            "them; start the cluster again and resume from a checkpoint"
+        )
+    return None
+
+
+def raise_if_scheduler_gone(client: Any) -> None:
+    """Raise :class:`ClusterError` naming the scheduler when it is gone."""
+    from ._errors import ClusterError
+
+    why = scheduler_gone(client)
+    if why is not None:
+        raise ClusterError(why)
 
 
 #: The handles made in this process, by ``id`` of their client.

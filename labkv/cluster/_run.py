@@ -31,7 +31,7 @@ import distributed
 from .._types import dist_kind
 from ._barrier import abort_name, clear_barrier
 from ._compat import check_cluster
-from ._connect import ClusterHandle, default_handle
+from ._connect import ClusterHandle, default_handle, raise_if_scheduler_gone, scheduler_gone
 from ._device import parse_server_device
 from ._errors import TIMEOUTS, ClusterError
 from ._events import EventStream, topic_of
@@ -220,9 +220,15 @@ def _watch(
         raise cause
 
     while True:
-        with contextlib.suppress(*TIMEOUTS):
+        try:
             running = [f for f in futures if f.status == "pending"]
             distributed.wait(running, timeout=_POLL_S, return_when="FIRST_COMPLETED")
+        except TIMEOUTS:
+            pass
+        except Exception:  # the futures cancelled: a lost scheduler explains it best
+            raise_if_scheduler_gone(client)
+            raise
+        raise_if_scheduler_gone(client)
         failed = [r for r, f in enumerate(futures) if f.status in ("error", "cancelled", "lost")]
         if failed:
             rank = failed[0]
@@ -391,17 +397,18 @@ def run(
         _stop_ranks(handle, spec, servers, futures, rank_workers, type(exc).__name__)
         raise
     finally:
-        if shared:
-            try:
-                kvstore.configure_ranks(1)
-            except Exception:
-                if ok:
-                    raise
-        else:
-            client.cancel(futures_to_release)
-        client.cancel(reseeded)
-        with contextlib.suppress(Exception):
-            clear_barrier(
-                client, group, num_workers, [g for _, g in out] if ok else [2] * num_workers
-            )
+        if scheduler_gone(client) is None:  # else nothing is left to release
+            if shared:
+                try:
+                    kvstore.configure_ranks(1)
+                except Exception:
+                    if ok:
+                        raise
+            else:
+                client.cancel(futures_to_release)
+            client.cancel(reseeded)
+            with contextlib.suppress(Exception):
+                clear_barrier(
+                    client, group, num_workers, [g for _, g in out] if ok else [2] * num_workers
+                )
     return [result for result, _ in out]

@@ -99,6 +99,7 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
                 links = rank_links(addresses, servers, Server)
         self._links = links
         self._reseeded: list[Any] = []  # futures of replicas started after a failover
+        self._streamed = False  # its servers ever streamed events (see close)
         # A run's ranks send as "<run's barrier group>/<rank>/...": a stopped run's
         # servers refuse them (see Server.barred); the notebook's store has no prefix.
         prefix = "" if handle is not None else f"{spec.group}/{rank}/"
@@ -422,6 +423,8 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
             release, self._release = self._release, None
             release()
             self._handle.client.cancel(self._reseeded)
+            if self._streamed:
+                self._forget_topic()  # the events it left on the scheduler
 
     def __enter__(self) -> DistStore:
         return self

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 
 from ._errors import ClusterError
-from ._events import topic_of
+from ._events import forget_topic, topic_of
 from ._transport import on_client_loop
 
 __all__ = ["StoreStreaming"]
@@ -15,7 +15,7 @@ __all__ = ["StoreStreaming"]
 
 class StoreStreaming:
     """:class:`~._store.DistStore` methods; they use its ``_handle`` (the
-    notebook's cluster handle), ``_id``, ``events``, ``_calls``,
+    notebook's cluster handle), ``_id``, ``events``, ``_calls``, ``_streamed``,
     ``num_servers`` and its ways of calling the servers."""
 
     def _set_streaming(self, on: bool) -> None:
@@ -23,6 +23,7 @@ class StoreStreaming:
             self._stop_streaming()
             return
         client = self._handle.client
+        self._streamed = True
         client.subscribe_topic(topic_of(self._id), self.events.receive)
         detail = (self.events.detail_interval, self.events.detail_burst)
         calls = [(s, self._call(s, "streaming", True, *detail)) for s in range(self.num_servers)]
@@ -48,5 +49,15 @@ class StoreStreaming:
                     self._wait_all([(s, call)], "streaming")
             except (ClusterError, OSError) as exc:
                 lost.append(exc)
+        self._forget_topic()
         if lost:
             raise lost[0]
+
+    def _forget_topic(self) -> None:
+        """Drop this store's events from the scheduler (best effort: see
+        :func:`._events.forget_topic`)."""
+        client = self._handle.client
+        if on_client_loop(client):
+            return
+        with contextlib.suppress(Exception):  # the scheduler may be gone
+            client.run_on_scheduler(forget_topic, topic_of(self._id))

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._channel import MAX_BLOB_BYTES, Channel, install
+from ._connect import raise_if_scheduler_gone
 from ._errors import TIMEOUTS, ClusterError
 from ._wire import Peer, encode
 
@@ -110,6 +111,14 @@ class ActorLink(ServerLink):
 
     def lost(self) -> str | None:
         return _actor_lost(self.actor)
+
+    def raise_if_lost(self) -> None:
+        # A lost scheduler first: it explains every server lost after it (its
+        # workers stop with it), and no replica can take over then.
+        client = getattr(self.actor, "_client", None)
+        if client is not None:
+            raise_if_scheduler_gone(client)
+        super().raise_if_lost()
 
 
 class RankLink(ServerLink):
@@ -279,6 +288,7 @@ def _wait_one(
                     on_server_error(exc)
                 raise
             if isinstance(exc, OSError) or "Actor was lost" in str(exc):
+                link.raise_if_lost()  # a lost scheduler is named as the cause
                 raise link.lost_error(exc) from exc
             raise
 
