@@ -110,8 +110,9 @@ class Calls:
 
     def wait(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
         """Results of in-flight calls ``(server, future)``, in order; when the
-        wait is interrupted (not by an ``Exception``), the calls are waited for
-        before the next call leaves (see module doc)."""
+        wait is interrupted (not by an ``Exception``) or times out, the calls
+        not answered are waited for before the next call leaves (see module
+        doc): they were sent, and may still take effect."""
         try:
             if self.replicated:
                 return self._wait_replicated(calls, what)
@@ -119,7 +120,9 @@ class Calls:
             return wait_all(
                 [(links[s], f) for s, f in calls], what, self.timeout, self.on_server_error
             )
-        except Exception:
+        except Exception as exc:
+            if getattr(exc, "_labkv_timeout", False):  # unanswered: may still take effect
+                self.interrupted.extend((s, f) for s, f in calls if not f.done())
             raise
         except BaseException:
             self.interrupted.extend(calls)

@@ -54,6 +54,8 @@ _POLL_S = 0.25
 # How long an interrupted run waits for its ranks' threads to end (their next call
 # to a server fails; a rank busy computing ends at its next call, later).
 _STOP_S = 10.0
+# How long a failed run waits for its servers to acknowledge the abort, in all.
+_ABORT_S = 1.0
 # A call onto the rank's own worker loop (never waits on another process).
 _LOOP_CALL_S = 10.0
 
@@ -135,9 +137,12 @@ def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reas
         with contextlib.suppress(Exception):  # its worker may be gone
             calls.append(ActorLink(s, address, actor).call("abort", reason, spec.group))
     distributed.Event(abort_name(spec.group), client=client).set()
+    # One short deadline for all: a frozen server cannot be woken, and must not
+    # delay the error beyond the run's documented bound (timeout + GRACE_S).
+    deadline = time.monotonic() + _ABORT_S
     for call in calls:
         with contextlib.suppress(Exception):
-            call.result(timeout=5)
+            call.result(timeout=max(0.05, deadline - time.monotonic()))
 
 
 def _ranks_running(keys: list[str], dask_worker: Any = None) -> list[str]:

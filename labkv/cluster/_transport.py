@@ -278,10 +278,15 @@ def _wait_one(
             if on_tick is not None:
                 on_tick()
             if time.monotonic() >= deadline:
-                raise ClusterError(
-                    f"server {link.sid} on {link.address} did not answer "
-                    f"{what} within {timeout + GRACE_S:g} s"
-                ) from exc
+                error = ClusterError(
+                    f"server {link.sid} on {link.address} did not answer {what} within "
+                    f"{timeout + GRACE_S:g} s. The call was sent and may still take effect when "
+                    "the server answers (a frozen or overloaded worker): this store waits for "
+                    "that answer before its next call leaves; do not repeat a push that timed "
+                    "out, which would apply it twice"
+                )
+                error._labkv_timeout = True
+                raise error from exc
         except Exception as exc:
             if hasattr(exc, "_labkv_server"):  # raised by the server: an updater's error
                 if on_server_error is not None:

@@ -1,0 +1,97 @@
+"""A frozen server (its worker stopped by SIGSTOP): a timed-out call says it
+may still take effect, the store's next call waits for its answer (so the push
+is applied once, in order), and ``run`` reports the frozen server within its
+documented bound, ``timeout + GRACE_S``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.cluster import ClusterError, run
+from labkv.cluster._transport import GRACE_S
+
+pytestmark = pytest.mark.slow
+
+BIG = 1 << 19  # float32 elements: 2 MiB, a push that is waited for
+
+
+def _pid():
+    return os.getpid()
+
+
+def _count(key, merged, stored):
+    stored += merged
+
+
+def _frozen(handle, address):
+    pid = handle.client.run(_pid, workers=[address])[address]
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def test_a_timed_out_push_is_applied_once_and_before_the_next_call(handle):
+    kv = labkv.create("dist_async", cluster=handle, num_servers=1, timeout=2)
+    pid = None
+    try:
+        kv.init("w", np.zeros(BIG, np.float32))
+        kv.set_updater(_count)  # the value counts the pushes applied
+        server = kv.placement()["w"][0]["device"].split("@")[1]
+        pid = _frozen(handle, server)
+        started = time.monotonic()
+        with pytest.raises(ClusterError, match="may still take effect"):
+            kv.push("w", np.ones(BIG, np.float32))
+        assert time.monotonic() - started < 2 + GRACE_S + 3
+        os.kill(pid, signal.SIGCONT)
+        pid = None
+        value = kv.pull("w")  # waits for the push's answer first
+        assert np.all(value == 1.0)
+        kv.push("w", np.ones(BIG, np.float32))
+        assert np.all(kv.pull("w") == 2.0)
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        kv.close()
+
+
+def _push_and_pull_for_half_a_minute(kv):
+    kv.init("w", np.zeros(4, np.float32))
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        kv.push("w", np.ones(4, np.float32))
+        kv.pull("w")
+
+
+def test_run_reports_a_frozen_server_within_its_bound(handle):
+    workers = handle.workers()
+    timeout = 4.0
+    state = {}
+
+    def freeze():
+        time.sleep(1.5)
+        state["pid"] = _frozen(handle, workers[0])  # server 0 and rank 0 live there
+        state["at"] = time.monotonic()
+
+    freezer = threading.Thread(target=freeze)
+    freezer.start()
+    try:
+        with pytest.raises(ClusterError, match="did not answer"):
+            run(
+                _push_and_pull_for_half_a_minute,
+                num_workers=2,
+                num_servers=1,
+                cluster=handle,
+                timeout=timeout,
+            )
+        assert time.monotonic() - state["at"] < timeout + GRACE_S + 2.5
+    finally:
+        freezer.join()
+        if "pid" in state:
+            os.kill(state["pid"], signal.SIGCONT)
+        handle.client.wait_for_workers(2, timeout=60)
