@@ -96,7 +96,9 @@ def load(
                     f"{where}.n: key {k!r} has {n!r} states in the file; "
                     f"{type(optimizer).__name__} keeps {kept}"
                 )
-            states[k] = tuple(f.array(f"s{i}_{j}", tuple(shape)) for j in range(n))
+            states[k] = tuple(
+                f.array(f"s{i}_{j}", tuple(shape), f"key {k!r}, state {j}") for j in range(n)
+            )
     return optimizer, num_update, counts, states
 
 

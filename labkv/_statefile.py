@@ -150,15 +150,21 @@ class StateFile:
         """The array members other than the metadata, without ``.npy``."""
         return [n[:-4] for n in self._members if n.endswith(".npy") and n != _META + ".npy"]
 
-    def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """Member ``name``: refused unless a float array of exactly ``shape``."""
-        return self._read(name + ".npy", None, None, tuple(shape))
+    def array(self, name: str, shape: tuple[int, ...], label: str = "") -> np.ndarray:
+        """Member ``name``: refused unless a float array of exactly ``shape``;
+        ``label`` says what it is in the errors (e.g. ``"key 'w', state 0"``)."""
+        return self._read(name + ".npy", None, None, tuple(shape), label)
 
     def _read(
-        self, member: str, max_bytes: int | None, dtype: np.dtype | None, shape: tuple | None
+        self,
+        member: str,
+        max_bytes: int | None,
+        dtype: np.dtype | None,
+        shape: tuple | None,
+        label: str = "",
     ) -> np.ndarray:
         info = self._members.get(member)
-        what = f"member {member[:-4]!r}"
+        what = f"member {member[:-4]!r}" + (f" ({label})" if label else "")
         if info is None:
             raise self.error(f"{what} is missing")
         try:

@@ -60,6 +60,30 @@ def test_a_timed_out_push_is_applied_once_and_before_the_next_call(handle):
         kv.close()
 
 
+def test_the_retry_of_a_timed_out_push_is_not_applied_twice(handle):
+    kv = labkv.create("dist_async", cluster=handle, num_servers=1, timeout=2)
+    pid = None
+    try:
+        kv.init("w", np.zeros(BIG, np.float32))
+        kv.set_updater(_count)
+        server = kv.placement()["w"][0]["device"].split("@")[1]
+        grad = np.ones(BIG, np.float32)
+        pid = _frozen(handle, server)
+        with pytest.raises(ClusterError, match="may still take effect"):
+            kv.push("w", grad)
+        os.kill(pid, signal.SIGCONT)
+        pid = None
+        kv.push("w", grad)  # the user's retry: the same push, right after
+        assert np.all(kv.pull("w") == 1.0)  # applied once
+        kv.push("w", grad)  # after a pull, a push is a new one
+        kv.push("w", grad * 2)
+        assert np.all(kv.pull("w") == 4.0)
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        kv.close()
+
+
 def _push_and_pull_for_half_a_minute(kv):
     kv.init("w", np.zeros(4, np.float32))
     end = time.monotonic() + 30

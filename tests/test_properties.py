@@ -103,13 +103,13 @@ def test_loading_refuses_unknown_keys_wrong_shapes_and_foreign_files(tmp_path):
     other = labkv.create()
     other.init(0, np.zeros(2, np.float32))
     other.set_optimizer("adam")
-    with pytest.raises(KeyError, match="key 1"):
+    with pytest.raises(ValueError, match=r"key 1, which this store does not have"):
         other.load_optimizer_states(path)
 
     reshaped = labkv.create()
     reshaped.init([0, 1], [np.zeros(2, np.float32), np.zeros(4, np.float32)])
     reshaped.set_optimizer("adam")
-    with pytest.raises(ValueError, match="state for key 1 has shape"):
+    with pytest.raises(ValueError, match=r"\(key 1, state 0\) holds shape \(3,\), not \(4,\)"):
         reshaped.load_optimizer_states(path)
 
     pickled = tmp_path / "pickled.npy"

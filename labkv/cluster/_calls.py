@@ -75,9 +75,7 @@ class Calls:
         is held until it ends (see :mod:`._interrupts`); anything else that is
         not an ``Exception`` escaping it closes the calls, since a number may
         have been taken and not sent."""
-        if self.interrupted:  # before anything else leaves (see module doc)
-            interrupted, self.interrupted = self.interrupted, []
-            self.wait(interrupted, "a call interrupted before")
+        self.settle()
         with sigint_held:
             try:
                 yield
@@ -90,6 +88,13 @@ class Calls:
                     "a new store (and load its values and states from a checkpoint)"
                 )
                 raise
+
+    def settle(self) -> None:
+        """Wait for the calls an interrupted or timed-out wait left (raising
+        their errors): before anything else leaves (see module doc)."""
+        if self.interrupted:
+            interrupted, self.interrupted = self.interrupted, []
+            self.wait(interrupted, "a call that was not answered before")
 
     def call(self, s: int, method: str, *args: Any) -> Any:
         """Call ``method(*args)`` on server ``s`` after sending the held pushes,

@@ -55,6 +55,25 @@ if TYPE_CHECKING:
     from ._servers import StoreSpec
 
 
+def _same_push(kept: list[tuple[Key, list[np.ndarray]]], items: Items) -> bool:
+    """Whether ``items`` push exactly the values ``kept`` (keys, order, bits).
+
+    >>> one = np.ones(2, np.float32)
+    >>> _same_push([("w", [one.copy()])], [("w", [one])]), _same_push([("w", [one])], [("w", [one * 2])])
+    (True, False)
+    """
+    if [k for k, _ in kept] != [k for k, _ in items]:
+        return False
+    for (_, old), (_, new) in zip(kept, items, strict=True):
+        if len(old) != len(new):
+            return False
+        for a, b in zip(old, new, strict=True):
+            b = messages.host(b)
+            if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
+                return False
+    return True
+
+
 class DistStore(StoreUpdaters, StoreStreaming, KVStore):
     """A ``dist_*`` store: rank ``rank`` of ``num_workers`` on shared servers.
 
@@ -100,6 +119,9 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         self._links = links
         self._reseeded: list[Any] = []  # futures of replicas started after a failover
         self._streamed = False  # its servers ever streamed events (see close)
+        # The values of a waited-for push that timed out: the next push, if it is
+        # the same, is its retry, and is not sent again (see _push_impl).
+        self._timed_out: list[tuple[Key, list[np.ndarray]]] | None = None
         # A run's ranks send as "<run's barrier group>/<rank>/...": a stopped run's
         # servers refuse them (see Server.barred); the notebook's store has no prefix.
         prefix = "" if handle is not None else f"{spec.group}/{rank}/"
@@ -306,6 +328,10 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
     # -- push and pull -------------------------------------------------------------
     def _push_impl(self, items: Items) -> None:
         calls = self._calls
+        timed_out, self._timed_out = self._timed_out, None
+        if timed_out is not None and _same_push(timed_out, items):
+            calls.settle()  # a retry: the push that timed out is the one applied
+            return
         calls.reap()
         compression = self._compression
         per_server, nbytes = messages.per_server(items, self._meta, self._pieces, compression)
@@ -330,9 +356,15 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
                 for s, batch in per_server.items()
             ]
             sent = calls.send_pushes(msgs, wait, keep_copies)
-        calls.finish_pushes(sent, wait)
+        try:
+            calls.finish_pushes(sent, wait)
+        except ClusterError as exc:
+            if getattr(exc, "_labkv_timeout", False):  # sent: it may still be applied
+                self._timed_out = [(k, [messages.host(v).copy() for v in vs]) for k, vs in items]
+            raise
 
     def _pull_impl(self, items: Items) -> None:
+        self._timed_out = None  # only the very next push may be a retry
         per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
         for key, _ in items:
             for p in self._pieces[key]:
@@ -365,6 +397,7 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
 
     # -- barrier, placement, events ------------------------------------------------------
     def _barrier_impl(self) -> None:
+        self._timed_out = None
         failed = None
         try:
             self.flush()

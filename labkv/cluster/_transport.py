@@ -282,8 +282,8 @@ def _wait_one(
                     f"server {link.sid} on {link.address} did not answer {what} within "
                     f"{timeout + GRACE_S:g} s. The call was sent and may still take effect when "
                     "the server answers (a frozen or overloaded worker): this store waits for "
-                    "that answer before its next call leaves; do not repeat a push that timed "
-                    "out, which would apply it twice"
+                    "that answer before its next call leaves, and takes the same push made "
+                    "again at once as its retry (see docs/cluster.md, What a timeout means)"
                 )
                 error._labkv_timeout = True
                 raise error from exc
