@@ -64,7 +64,12 @@ class ClusterHandle:
         # Asked of the scheduler itself: Client.scheduler_info() returns the client's
         # cache, which its periodic refresh may overwrite, while the call waits, with
         # a summary that lists no workers (live workers would then look dead).
-        identity = self.client.sync(self.client.scheduler.identity, n_workers=-1)
+        try:
+            identity = self.client.sync(self.client.scheduler.identity, n_workers=-1)
+        except OSError as exc:  # the connection broke under the call
+            from ._errors import ClusterError
+
+            raise ClusterError(_gone(self.client, f"its connection broke: {exc}")) from exc
         return sorted(identity["workers"])
 
     def check(self) -> None:
@@ -105,13 +110,17 @@ def scheduler_gone(client: Any) -> str | None:
     reconnecting, or it closed), or None."""
     status = getattr(client, "status", "running")
     if status in ("connecting", "closing", "closed", "failed"):
-        address = getattr(getattr(client, "scheduler", None), "address", None) or "its address"
-        return (
-            f"the Dask scheduler at {address} is gone (the client is {status}): Dask's workers "
-            "stop with their scheduler, and every server's values and optimizer states with "
-            "them; start the cluster again and resume from a checkpoint"
-        )
+        return _gone(client, f"the client is {status}")
     return None
+
+
+def _gone(client: Any, why: str) -> str:
+    address = getattr(getattr(client, "scheduler", None), "address", None) or "its address"
+    return (
+        f"the Dask scheduler at {address} is gone ({why}): Dask's workers stop with their "
+        "scheduler, and every server's values and optimizer states with them; start the "
+        "cluster again and resume from a checkpoint"
+    )
 
 
 def raise_if_scheduler_gone(client: Any) -> None:

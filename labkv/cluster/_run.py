@@ -396,7 +396,12 @@ def run(
         with client.as_current():  # distributed.wait looks for "the current client"
             out = _watch(handle, futures, rank_workers, spec, servers, reseeded)
         ok = True
-    except Exception:
+    except ClusterError:
+        raise
+    except Exception as exc:  # a broken connection: a lost scheduler explains it best
+        if isinstance(exc, OSError) and scheduler_gone(client) is None:
+            time.sleep(_POLL_S)  # the client notices a moment after its calls fail
+        raise_if_scheduler_gone(client)
         raise
     except BaseException as exc:  # Ctrl-C: no rank may go on writing to the store
         _stop_ranks(handle, spec, servers, futures, rank_workers, type(exc).__name__)
