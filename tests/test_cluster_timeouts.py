@@ -5,6 +5,7 @@ documented bound, ``timeout + GRACE_S``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -36,52 +37,51 @@ def _frozen(handle, address):
     return pid
 
 
-def test_a_timed_out_push_is_applied_once_and_before_the_next_call(handle):
+@contextlib.contextmanager
+def _store_with_a_frozen_server(handle):
+    """A dist_async store (timeout 2 s, the value counting the pushes applied) whose
+    one server's worker is stopped; ``thaw()`` resumes it (done at the end anyway)."""
     kv = labkv.create("dist_async", cluster=handle, num_servers=1, timeout=2)
-    pid = None
+    frozen = {}
+
+    def thaw():
+        os.kill(frozen.pop("pid"), signal.SIGCONT)
+
     try:
         kv.init("w", np.zeros(BIG, np.float32))
-        kv.set_updater(_count)  # the value counts the pushes applied
-        server = kv.placement()["w"][0]["device"].split("@")[1]
-        pid = _frozen(handle, server)
+        kv.set_updater(_count)
+        frozen["pid"] = _frozen(handle, kv.placement()["w"][0]["device"].split("@")[1])
+        yield kv, thaw
+    finally:
+        if "pid" in frozen:
+            thaw()
+        kv.close()
+
+
+def test_a_timed_out_push_is_applied_once_and_before_the_next_call(handle):
+    with _store_with_a_frozen_server(handle) as (kv, thaw):
         started = time.monotonic()
         with pytest.raises(ClusterError, match="may still take effect"):
             kv.push("w", np.ones(BIG, np.float32))
         assert time.monotonic() - started < 2 + GRACE_S + 3
-        os.kill(pid, signal.SIGCONT)
-        pid = None
+        thaw()
         value = kv.pull("w")  # waits for the push's answer first
         assert np.all(value == 1.0)
         kv.push("w", np.ones(BIG, np.float32))
         assert np.all(kv.pull("w") == 2.0)
-    finally:
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)
-        kv.close()
 
 
 def test_the_retry_of_a_timed_out_push_is_not_applied_twice(handle):
-    kv = labkv.create("dist_async", cluster=handle, num_servers=1, timeout=2)
-    pid = None
-    try:
-        kv.init("w", np.zeros(BIG, np.float32))
-        kv.set_updater(_count)
-        server = kv.placement()["w"][0]["device"].split("@")[1]
+    with _store_with_a_frozen_server(handle) as (kv, thaw):
         grad = np.ones(BIG, np.float32)
-        pid = _frozen(handle, server)
         with pytest.raises(ClusterError, match="may still take effect"):
             kv.push("w", grad)
-        os.kill(pid, signal.SIGCONT)
-        pid = None
+        thaw()
         kv.push("w", grad)  # the user's retry: the same push, right after
         assert np.all(kv.pull("w") == 1.0)  # applied once
         kv.push("w", grad)  # after a pull, a push is a new one
         kv.push("w", grad * 2)
         assert np.all(kv.pull("w") == 4.0)
-    finally:
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)
-        kv.close()
 
 
 def _push_and_pull_for_half_a_minute(kv):
