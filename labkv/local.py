@@ -16,11 +16,13 @@ array([2., 2.])
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ._interrupts import sigint_held
 from .devices import Device, copy_into, cpu, device_of, empty_like, is_cupy, to_device
 from .optimizers import Optimizer
 from .reduce import HomeDevices
@@ -41,8 +43,9 @@ class LocalStore(KVStore):
         for key, value in items:
             keep_on_gpu = self._kind == "device" and is_cupy(value)
             placed.append((key, to_device(value, device_of(value) if keep_on_gpu else cpu(0))))
-        for key, value in placed:
-            self._shard.init(key, value)
+        with sigint_held:  # every key or none, Ctrl-C or not
+            for key, value in placed:
+                self._shard.init(key, value)
 
     def _home_gpus(self, items: Items) -> None:
         """On a ``device`` store, move each key pushed from GPUs to its home GPU."""
@@ -56,9 +59,13 @@ class LocalStore(KVStore):
                 self._shard.relocate(key, to_device(stored, home))
 
     def _push_impl(self, items: Items) -> None:
-        if self._kind == "device":
-            self._home_gpus(items)
-        self._shard.apply(items)
+        # A push of several keys changes all of them or none, Ctrl-C or not. A custom
+        # updater runs on copies swapped in at the end (Shard), and stays interruptible.
+        held = sigint_held if self._shard.updater is None else contextlib.nullcontext()
+        with held:
+            if self._kind == "device":
+                self._home_gpus(items)
+            self._shard.apply(items)
 
     def _pull_impl(self, items: Items) -> None:
         read = self._shard.read

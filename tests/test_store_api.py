@@ -265,3 +265,45 @@ def test_an_owned_value_that_cannot_stand_in_is_copied(values):
     shard.apply([("w", values)], owned=True)
     assert shard.read("w") is stored
     np.testing.assert_array_equal(stored, sum(v.astype(np.float32) for v in values))
+
+
+def test_an_interrupted_push_of_several_keys_on_a_local_store_changes_all_or_none():
+    import os
+    import random
+    import signal
+    import threading
+    import time
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("needs the main thread")
+    kv = labkv.create("local")
+    keys = list(range(32))
+    kv.init(keys, [np.zeros(1 << 18, np.float32)] * len(keys))
+    # w -= 1 * (-1 * grad): every key's value counts the pushes applied to it
+    kv.set_optimizer(labkv.optimizers.SGD(learning_rate=1.0, rescale_grad=-1.0))
+    values = [np.ones(1 << 18, np.float32)] * len(keys)
+    start = time.perf_counter()
+    kv.push(keys, values)
+    took = time.perf_counter() - start  # how long one push of the 32 keys takes here
+    rng = random.Random(3)
+    inside = 0
+    for _ in range(40):
+        killer, pushing = None, False
+        try:
+            delay = rng.uniform(0, took)
+            killer = threading.Thread(
+                target=lambda d=delay: (time.sleep(d), os.kill(os.getpid(), signal.SIGINT))
+            )
+            killer.start()
+            pushing = True
+            kv.push(keys, values)
+            pushing = False
+            killer.join()
+            time.sleep(0.01)
+        except KeyboardInterrupt:
+            inside += pushing
+        if killer is not None:
+            killer.join()
+        firsts = {float(kv.pull(k)[0]) for k in keys}
+        assert len(firsts) == 1, firsts  # every key holds the same pushes: all or none
+    assert inside >= 10  # the signals landed inside pushes

@@ -30,9 +30,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._interrupts import sigint_held
 from ._errors import ClusterError
 from ._holding import Holding
-from ._interrupts import sigint_held
 from ._pack import sealable
 from ._replicas import is_lost, kept_copy
 from ._transport import ServerLink, wait_all
@@ -72,7 +72,7 @@ class Calls:
     @contextlib.contextmanager
     def sending(self, what: str) -> Iterator[None]:
         """A block that takes sequence numbers or hands pushes over: a SIGINT
-        is held until it ends (see :mod:`._interrupts`); anything else that is
+        is held until it ends (see :mod:`labkv._interrupts`); anything else that is
         not an ``Exception`` escaping it closes the calls, since a number may
         have been taken and not sent."""
         self.settle()

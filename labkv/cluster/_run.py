@@ -28,6 +28,7 @@ from typing import Any
 
 import distributed
 
+from .._interrupts import sigint_held
 from .._types import dist_kind
 from ._barrier import abort_name, clear_barrier
 from ._compat import check_cluster
@@ -35,7 +36,6 @@ from ._connect import ClusterHandle, default_handle, raise_if_scheduler_gone, sc
 from ._device import parse_server_device
 from ._errors import TIMEOUTS, ClusterError
 from ._events import EventStream, topic_of
-from ._interrupts import sigint_held
 from ._placement import DEFAULT_BIGARRAY_BOUND
 from ._replicas import replicated_links
 from ._reseed import heal

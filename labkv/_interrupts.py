@@ -16,9 +16,11 @@ then makes no system call and costs about 1 us (swapping the handler in and
 out at every section cost about 10 us, against a tiny round of about 1 ms). A handler
 installed later replaces the wrapper: sections then hold nothing, as before,
 until the next section wraps it again. Signals reach only the main thread;
-elsewhere a section changes nothing. Any other exception that is not an
-``Exception`` escaping a section closes the store, with an error that says so
-(see :meth:`~._calls.Calls.sending`).
+elsewhere a section changes nothing. The local stores use sections too: a push
+or init of several keys changes all of them or none. Any other exception that
+is not an ``Exception`` escaping a cluster store's section closes that store,
+with an error that says so
+(see :meth:`labkv.cluster._calls.Calls.sending`).
 """
 
 from __future__ import annotations
