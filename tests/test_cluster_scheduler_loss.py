@@ -15,17 +15,9 @@ import pytest
 import labkv
 from labkv.cluster import ClusterError, connect, run
 from tests._cli import Procs, start_scheduler, start_worker
+from tests._ranks import push_and_pull_for
 
 pytestmark = pytest.mark.slow
-
-
-def _push_and_pull_for_a_minute(kv):
-    kv.init("w", np.zeros(4, np.float32))
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        kv.push("w", np.ones(4, np.float32))
-        kv.pull("w")
-        time.sleep(0.005)
 
 
 @pytest.mark.parametrize("under", ["store", "run"])
@@ -52,7 +44,7 @@ def test_a_killed_scheduler_is_named_within_seconds(tmp_path, under):
         else:
             threading.Timer(3.0, scheduler.send_signal, (signal.SIGKILL,)).start()
             with pytest.raises(ClusterError, match="scheduler at .* is gone"):
-                run(_push_and_pull_for_a_minute, num_workers=2, cluster=handle, timeout=60)
+                run(push_and_pull_for, num_workers=2, cluster=handle, timeout=60, args=(60, 0.005))
             killed = time.monotonic() - 3.0
         assert time.monotonic() - killed < 10
         with pytest.raises(ClusterError, match="scheduler"):

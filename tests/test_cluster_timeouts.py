@@ -17,6 +17,7 @@ import pytest
 import labkv
 from labkv.cluster import ClusterError, run
 from labkv.cluster._transport import GRACE_S
+from tests._ranks import push_and_pull_for
 
 pytestmark = pytest.mark.slow
 
@@ -84,14 +85,6 @@ def test_the_retry_of_a_timed_out_push_is_not_applied_twice(handle):
         assert np.all(kv.pull("w") == 4.0)
 
 
-def _push_and_pull_for_half_a_minute(kv):
-    kv.init("w", np.zeros(4, np.float32))
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
-        kv.push("w", np.ones(4, np.float32))
-        kv.pull("w")
-
-
 def test_run_reports_a_frozen_server_within_its_bound(handle):
     workers = handle.workers()
     timeout = 4.0
@@ -107,11 +100,12 @@ def test_run_reports_a_frozen_server_within_its_bound(handle):
     try:
         with pytest.raises(ClusterError, match="did not answer"):
             run(
-                _push_and_pull_for_half_a_minute,
+                push_and_pull_for,
                 num_workers=2,
                 num_servers=1,
                 cluster=handle,
                 timeout=timeout,
+                args=(30,),
             )
         assert time.monotonic() - state["at"] < timeout + GRACE_S + 2.5
     finally:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from .._interrupts import sigint_held
@@ -40,6 +40,29 @@ from ._wire import Pull, Push, encode
 
 #: Pushes of at least this many bytes (all servers together) are waited for.
 ACK_ABOVE = 1 << 20
+
+
+class _Sending:
+    """The context manager of :meth:`Calls.sending` (a class: every push and pull
+    enters one, and a generator-based one cost twice as much)."""
+
+    __slots__ = ("calls", "what")
+
+    def __init__(self, calls: Calls, what: str):
+        self.calls, self.what = calls, what
+
+    def __enter__(self) -> None:
+        self.calls.settle()
+        sigint_held.__enter__()
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> None:
+        if kind is not None and not issubclass(kind, Exception):
+            self.calls.closed = (
+                f"this store is closed: {kind.__name__} interrupted a {self.what} while it "
+                "was being sent, which may have left this rank's pushes out of order; make "
+                "a new store (and load its values and states from a checkpoint)"
+            )
+        sigint_held.__exit__(kind, exc, tb)  # delivers a held SIGINT, after the close
 
 
 class Calls:
@@ -69,25 +92,12 @@ class Calls:
         self.told: set[tuple] = set()  # the failed updates raised here (see _told_before)
         self.interrupted: list[tuple[int, Any]] = []  # calls whose wait was interrupted
 
-    @contextlib.contextmanager
-    def sending(self, what: str) -> Iterator[None]:
+    def sending(self, what: str) -> _Sending:
         """A block that takes sequence numbers or hands pushes over: a SIGINT
         is held until it ends (see :mod:`labkv._interrupts`); anything else that is
         not an ``Exception`` escaping it closes the calls, since a number may
         have been taken and not sent."""
-        self.settle()
-        with sigint_held:
-            try:
-                yield
-            except Exception:
-                raise
-            except BaseException as exc:
-                self.closed = (
-                    f"this store is closed: {type(exc).__name__} interrupted a {what} while it "
-                    "was being sent, which may have left this rank's pushes out of order; make "
-                    "a new store (and load its values and states from a checkpoint)"
-                )
-                raise
+        return _Sending(self, what)
 
     def settle(self) -> None:
         """Wait for the calls an interrupted or timed-out wait left (raising
@@ -228,11 +238,15 @@ class Calls:
             args = (args[0]._replace(pushes=()),)
         return link.call(method, *args)
 
-    def all(self, method: str, *args: Any) -> list[Any]:
-        """``method(*args)`` on every server; their results by server id.
-        The calls leave whole (every server gets one, Ctrl-C or not)."""
+    def call_each(self, method: str, args: dict[int, tuple]) -> list[tuple[int, Any]]:
+        """``method(*args[s])`` on each server ``s`` of ``args``; ``(server,
+        future)`` each. The calls leave whole: every server gets its own, Ctrl-C or not."""
         with self.sending(method):
-            calls = [(s, self.call(s, method, *args)) for s in range(len(self.links))]
+            return [(s, self.call(s, method, *a)) for s, a in args.items()]
+
+    def all(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every server; their results by server id."""
+        calls = self.call_each(method, dict.fromkeys(range(len(self.links)), args))
         return self.wait(calls, method)
 
     def next_seq(self, s: int) -> int:

@@ -54,15 +54,20 @@ def labkv_probe(dask_worker=None, dask_scheduler=None):
 '''
 
 
-def _compile_probe() -> Any:
-    # Compiled in a namespace named after no importable module: cloudpickle
-    # then sends the function's code itself, not a reference to a labkv module.
-    namespace: dict[str, Any] = {"__name__": "labkv_probe_source"}
-    exec(compile(_PROBE_SOURCE, "<labkv probe>", "exec"), namespace)
-    return namespace["labkv_probe"]
+def by_value(source: str, name: str) -> Any:
+    """The function ``name`` defined by ``source``, compiled in a namespace named
+    after no importable module: cloudpickle then sends its code itself, not a
+    reference to a labkv module, so it runs where labkv cannot be imported.
+
+    >>> by_value("def two(): return 2", "two")()
+    2
+    """
+    namespace: dict[str, Any] = {"__name__": f"labkv_by_value_{name}"}
+    exec(compile(source, f"<labkv {name}>", "exec"), namespace)
+    return namespace[name]
 
 
-labkv_probe = _compile_probe()
+labkv_probe = by_value(_PROBE_SOURCE, "labkv_probe")
 
 
 class ClusterMismatchError(ClusterError):

@@ -23,6 +23,8 @@ import dask
 import distributed
 from distributed import Client, LocalCluster, Security
 
+from ._errors import ClusterError
+
 
 class ClusterHandle:
     """A connection to a Dask cluster; a context manager.
@@ -67,8 +69,6 @@ class ClusterHandle:
         try:
             identity = self.client.sync(self.client.scheduler.identity, n_workers=-1)
         except OSError as exc:  # the connection broke under the call
-            from ._errors import ClusterError
-
             raise ClusterError(_gone(self.client, f"its connection broke: {exc}")) from exc
         return sorted(identity["workers"])
 
@@ -125,8 +125,6 @@ def _gone(client: Any, why: str) -> str:
 
 def raise_if_scheduler_gone(client: Any) -> None:
     """Raise :class:`ClusterError` naming the scheduler when it is gone."""
-    from ._errors import ClusterError
-
     why = scheduler_gone(client)
     if why is not None:
         raise ClusterError(why)

@@ -273,8 +273,7 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
                 for s, piece in messages.split(host, placed[key]):
                     item = InitItem(key, piece, tuple(host.shape), host.dtype.str, ids[key])
                     per_server[s].append(item)
-            with self._calls.sending("init"):  # every server gets its part, Ctrl-C or not
-                calls = [(s, self._call(s, "init", batch)) for s, batch in per_server.items()]
+            calls = self._calls.call_each("init", {s: (b,) for s, b in per_server.items()})
             self._wait_all(calls, "init")
         else:
             self._wait_for_owner(items, ids, placed)

@@ -42,11 +42,8 @@ class StoreUpdaters:
 
     def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
         per_server = messages.split_states(counts, states, self._pieces, self.num_servers)
-        with self._calls.sending("load_optimizer_states"):  # every server gets its part
-            calls = [
-                (s, self._call(s, "set_states", num_update, c, st))
-                for s, (c, st) in enumerate(per_server)
-            ]
+        parts = {s: (num_update, c, st) for s, (c, st) in enumerate(per_server)}
+        calls = self._calls.call_each("set_states", parts)
         self._wait_all(calls, "load_optimizer_states")
 
     def _residuals_committed(self, replaced: dict) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerUploadFile, UploadFile
 
 from .._version import __version__
+from ._compat import by_value
 
 #: The plugin name both uploads register under (a later upload replaces it).
 PLUGIN_NAME = "labkv-upload"
@@ -38,13 +39,7 @@ def labkv_forget(dask_worker=None, dask_scheduler=None):
 '''
 
 
-def _compile_forget() -> Any:
-    namespace: dict[str, Any] = {"__name__": "labkv_forget_source"}  # pickled by value
-    exec(compile(_FORGET_SOURCE, "<labkv forget>", "exec"), namespace)
-    return namespace["labkv_forget"]
-
-
-_forget = _compile_forget()
+_forget = by_value(_FORGET_SOURCE, "labkv_forget")
 
 
 def package_files(root: Path) -> list[Path]:
