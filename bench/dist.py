@@ -11,7 +11,7 @@ a task on one worker echoing the same bytes through one call to the other
 worker: to an async actor method (what labkv's servers are), and to a plain
 worker comm handler (the "worker extension" alternative). The echo runs on the
 store's own cluster (whose workers reuse big buffers, see
-``labkv.cluster._connect._MALLOC_ENV``) and once more on a cluster with Dask's
+``labkv.cluster._runtime.connect._MALLOC_ENV``) and once more on a cluster with Dask's
 default worker environment (every buffer over 128 KiB a fresh mmap), the
 baseline as Dask ships. Each rank also counts its worker process's page faults
 (``ru_minflt``) per iteration: the rank and its worker's server share the

@@ -40,11 +40,11 @@ def _ranks(kv, specs, case, pairs):
     """Alternate blocks on the store with one replica and the one with two;
     per block pair, the seconds per iteration of each, and the CPU seconds per
     iteration of this rank's worker process (its servers included)."""
-    from labkv.cluster._store import DistStore
+    from labkv.cluster._runtime.links import new_store
 
     sizes, block = CASES[case]
     stores = [
-        DistStore(spec, servers, kv.rank, kv.num_workers, owner=kv.rank == 0)
+        new_store(spec, servers, kv.rank, kv.num_workers, owner=kv.rank == 0)
         for spec, servers in specs
     ]
     keys = list(range(len(sizes)))

@@ -20,7 +20,7 @@ elsewhere a section changes nothing. The local stores use sections too: a push
 or init of several keys changes all of them or none. Any other exception that
 is not an ``Exception`` escaping a cluster store's section closes that store,
 with an error that says so
-(see :meth:`labkv.cluster._calls.Calls.sending`).
+(see :meth:`labkv.cluster._rank.calls.Calls.sending`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """Real ``Server`` objects on an asyncio loop in the test process (no Dask),
-reached through the in-process links of ``labkv.cluster._inprocess``, driven by
+reached through the in-process links of ``labkv.cluster._runtime.inprocess``, driven by
 real ``DistStore`` ranks: the cluster's logic in milliseconds."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 
 from labkv._types import SYNC_KINDS
-from labkv.cluster._inprocess import InProcessReplicas, InProcessServers
-from labkv.cluster._server import Server
-from labkv.cluster._servers import StoreSpec
-from labkv.cluster._store import DistStore
+from labkv.cluster._options import StoreSpec
+from labkv.cluster._rank.store import DistStore
+from labkv.cluster._runtime.inprocess import InProcessReplicas, InProcessServers
+from labkv.cluster._server.actor import Server
 
 
 class InProcessCluster:
@@ -56,9 +57,11 @@ class InProcessCluster:
             timeout,
             staleness=staleness,
             replicas=replicas,
+            replica_members=[] if replicas == 1 else [list(m) for m in self.group.members],
         )
+        # each rank its own spec, as each Dask task unpickles its own
         self.ranks = [
-            DistStore(spec, [], r, num_workers, owner=r == 0, links=links())
+            DistStore(copy.deepcopy(spec), [], r, num_workers, owner=r == 0, links=links())
             for r in range(num_workers)
         ]
 

@@ -1,5 +1,5 @@
 """A primary's small log entries travel to its backup on a plain socket (the
-:mod:`labkv.cluster._channel`), on the session's real 2-worker LocalCluster:
+:mod:`labkv.cluster._transport.channel`), on the session's real 2-worker LocalCluster:
 they arrive and are applied, big entries still go as actor calls, and a
 backup without a listener, or a channel that breaks, loses no entry."""
 
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import labkv
-from labkv.cluster._channel import entries_served
+from labkv.cluster._transport.channel import entries_served
 
 SMALL, BIG = 5, 1 << 15  # float32 elements: one entry under PACK_BELOW, one above
 
 
 def _listener(dask_worker):
-    from labkv.cluster._channel import HANDLER
+    from labkv.cluster._transport.channel import HANDLER
 
     handler = getattr(dask_worker, "_labkv_hidden", None) or dask_worker.handlers.get(HANDLER)
     return None if handler is None else handler.__self__
@@ -80,14 +80,14 @@ def test_small_entries_travel_on_the_channel_and_big_ones_as_actor_calls(handle)
 
 
 def _hide_listener(dask_worker):
-    from labkv.cluster._channel import HANDLER
+    from labkv.cluster._transport.channel import HANDLER
 
     dask_worker._labkv_hidden = dask_worker.handlers[HANDLER]
     dask_worker.handlers[HANDLER] = lambda: None  # as on a worker whose comm is not TCP
 
 
 def _restore_listener(dask_worker):
-    from labkv.cluster._channel import HANDLER
+    from labkv.cluster._transport.channel import HANDLER
 
     dask_worker.handlers[HANDLER] = dask_worker.__dict__.pop("_labkv_hidden")
 
@@ -157,7 +157,7 @@ def test_an_entry_in_flight_on_a_channel_that_breaks_goes_again_as_an_actor_call
 def test_a_connection_without_the_token_is_closed_unread(handle, token):
     import asyncio
 
-    from labkv.cluster._channel import HANDLER
+    from labkv.cluster._transport.channel import HANDLER
 
     address = handle.client.scheduler_info()["workers"].popitem()[0]
 

@@ -72,9 +72,9 @@ def _make_certs(d: Path) -> None:
 
 def _replicated_rounds_use_the_channel(handle) -> None:
     """A replicated store's small log entries reach the backup on the plain
-    socket of ``labkv.cluster._channel`` (over TLS on a TLS cluster)."""
+    socket of ``labkv.cluster._transport.channel`` (over TLS on a TLS cluster)."""
     import labkv
-    from labkv.cluster._channel import entries_served
+    from labkv.cluster._transport.channel import entries_served
 
     kv = labkv.create("dist_sync", cluster=handle, num_servers=1, replicas=2)
     try:

@@ -13,7 +13,7 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError, run
-from labkv.cluster._servers import start_servers
+from labkv.cluster._runtime.launch import start_servers
 from tests._waiting import server_tasks, wait_until
 
 

@@ -19,8 +19,8 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError, connect, default_handle, run
-from labkv.cluster._compat import CHECK_TIMEOUT_S
-from labkv.cluster._connect import attached_handle
+from labkv.cluster._runtime.compat import CHECK_TIMEOUT_S
+from labkv.cluster._runtime.connect import attached_handle
 from tests._cli import Procs, start_scheduler, start_worker
 
 pytestmark = pytest.mark.slow

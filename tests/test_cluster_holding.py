@@ -1,4 +1,4 @@
-"""Held small pushes (``labkv.cluster._holding``): one exit, without Dask."""
+"""Held small pushes (``labkv.cluster._rank.holding``): one exit, without Dask."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from labkv.cluster._holding import Holding
+from labkv.cluster._rank.holding import Holding
 
 
 class Sender:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import labkv
-from labkv.cluster import _holding
 from labkv.cluster._errors import ClusterError
+from labkv.cluster._rank import holding as _holding
 from tests._inprocess import InProcessCluster as Cluster
 from tests._waiting import in_threads
 

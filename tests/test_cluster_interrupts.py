@@ -149,7 +149,7 @@ def test_ctrl_c_in_run_stops_its_ranks_and_the_next_run_works(handle, kind):
 
 
 def test_the_rank_threads_of_a_stopped_run_are_seen_until_they_end(handle):
-    from labkv.cluster._run import _ranks_running
+    from labkv.cluster._runtime.watch import _ranks_running
 
     slow = handle.client.submit(time.sleep, 1.5, key="labkv-rank-probe-0", pure=False)
     deadline = time.monotonic() + 10

@@ -1,4 +1,4 @@
-"""The replication listener (``labkv.cluster._channel``) against strangers: a
+"""The replication listener (``labkv.cluster._transport.channel``) against strangers: a
 flood of connections that never send the token, under a low descriptor limit,
 is closed by the token deadline and leaves the listener serving, with one log
 line; an oversized frame is closed unread."""
@@ -13,12 +13,12 @@ import textwrap
 
 import pytest
 
-from labkv.cluster import _channel
+from labkv.cluster._transport import channel as _channel
 
 LISTENER = textwrap.dedent(
     """
     import asyncio, resource, sys, types
-    from labkv.cluster import _channel
+    from labkv.cluster._transport import channel as _channel
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))
     _channel.TOKEN_TIMEOUT_S = float(sys.argv[1])

@@ -10,7 +10,7 @@ import pytest
 
 import labkv
 from labkv.cluster import run
-from labkv.cluster._pack import ALIGN, PACK_BELOW, layout, pack, unpack
+from labkv.cluster._protocol.packing import ALIGN, PACK_BELOW, layout, pack, unpack
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

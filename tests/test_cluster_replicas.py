@@ -241,7 +241,7 @@ def test_a_sliced_update_that_fails_on_one_slice_changes_no_replica():
 
 
 def test_replicas_are_checked_before_anything_starts():
-    from labkv.cluster._servers import check_replicas
+    from labkv.cluster._options import check_replicas
 
     assert check_replicas(2) == 2
     for bad in (0, -1, 1.5, "2", True):

@@ -1,11 +1,12 @@
-"""dist_sync / dist_async round bookkeeping (``labkv.cluster._rounds``) as plain
+"""dist_sync / dist_async round bookkeeping (``labkv.cluster._server.rounds``) as plain
 logic: no Dask, no event loop."""
 
 from __future__ import annotations
 
 import pytest
 
-from labkv.cluster._rounds import Failure, Round, SyncRounds, UpdateQueue, pushed_by
+from labkv.cluster._server.order import UpdateQueue
+from labkv.cluster._server.rounds import Failure, Round, SyncRounds, pushed_by
 
 
 def _rounds(num_workers=3, keys=("w",)):

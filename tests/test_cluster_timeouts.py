@@ -16,7 +16,7 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError, run
-from labkv.cluster._transport import GRACE_S
+from labkv.cluster._transport.base import GRACE_S
 from tests._ranks import push_and_pull_for
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""``labkv.cluster._transport.wait_all``: deadlines, lost servers and server errors,
+"""``labkv.cluster._transport.base.wait_all``: deadlines, lost servers and server errors,
 on plain futures (no Dask)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from labkv.cluster import _transport
 from labkv.cluster._errors import ClusterError
-from labkv.cluster._transport import ServerLink, wait_all
+from labkv.cluster._transport import base as _transport
+from labkv.cluster._transport.base import ServerLink, wait_all
 
 
 class Link(ServerLink):

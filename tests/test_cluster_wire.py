@@ -1,4 +1,4 @@
-"""The messages between ranks and servers (``labkv.cluster._wire``), without Dask."""
+"""The messages between ranks and servers (``labkv.cluster._protocol.messages``), without Dask."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from labkv.cluster._messages import push_message
-from labkv.cluster._pack import PACK_BELOW, pack
-from labkv.cluster._wire import (
+from labkv.cluster._protocol.messages import (
     Codes,
     Pull,
     Push,
@@ -24,6 +22,8 @@ from labkv.cluster._wire import (
     push_items,
     values_items,
 )
+from labkv.cluster._protocol.packing import PACK_BELOW, pack
+from labkv.cluster._rank.split import push_message
 
 STORED = {
     "a": (np.dtype("f4"), (2, 3)),

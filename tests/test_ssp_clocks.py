@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkv.cluster._rounds import Clocks, check_staleness
+from labkv.cluster._options import check_staleness
+from labkv.cluster._server.clocks import Clocks
 
 
 @settings(max_examples=200, deadline=None)

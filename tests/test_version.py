@@ -1,6 +1,6 @@
 """labkv's version and wire protocol: the protocol number changes whenever the
 wire does, so that processes of different labkv versions never half-understand
-each other (the cluster check compares the numbers, see ``labkv.cluster._compat``)."""
+each other (the cluster check compares the numbers, see ``labkv.cluster._runtime.compat``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 
 import labkv
-from labkv.cluster import _wire
-from labkv.cluster._server import Server
-from labkv.cluster._servers import StoreSpec
+from labkv.cluster._options import StoreSpec
+from labkv.cluster._protocol import messages as _wire
+from labkv.cluster._server.actor import Server
 
 ROOT = Path(__file__).resolve().parents[1]
 

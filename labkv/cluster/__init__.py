@@ -10,12 +10,12 @@ See ``docs/cluster.md`` for the design and every scheduling choice.
 
 from __future__ import annotations
 
-from ._connect import ClusterHandle, connect, default_handle
 from ._errors import ClusterError
 from ._placement import key_id, place
-from ._run import run
-from ._servers import create_store
-from ._store import DistStore
+from ._rank.store import DistStore
+from ._runtime.connect import ClusterHandle, connect, default_handle
+from ._runtime.launch import create_store
+from ._runtime.run import run
 
 __all__ = [
     "ClusterError",

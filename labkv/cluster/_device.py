@@ -35,17 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import (
-    Device,
-    array_module,
-    cpu,
-    device_of,
-    empty,
-    gpu,
-    is_cupy,
-    num_gpus,
-    on_device,
-)
+from ..devices import Device, array_module, cpu, device_of, empty, gpu, is_cupy, num_gpus, on_device
 
 _GPU_N = re.compile(r"gpu\((\d+)\)")
 
@@ -115,7 +105,7 @@ def host_view(array: Any) -> np.ndarray:
 
 
 def packed_on_host(arrays: list[Any]) -> np.ndarray:
-    """:func:`labkv.cluster._pack.pack` of stored arrays, with ONE device-to-host
+    """:func:`labkv.cluster._protocol.packing.pack` of stored arrays, with ONE device-to-host
     copy when they live on a GPU: they are laid out in a device buffer first.
     A ``.get()`` per small key would stall the worker's event loop (where a
     server runs) once per key, each a synchronising copy.
@@ -123,7 +113,7 @@ def packed_on_host(arrays: list[Any]) -> np.ndarray:
     >>> packed_on_host([np.arange(3, dtype=np.int8)]).tolist()
     [0, 1, 2]
     """
-    from ._pack import layout, pack
+    from ._protocol.packing import layout, pack
 
     if not arrays or not is_cupy(arrays[0]):
         return pack(arrays)

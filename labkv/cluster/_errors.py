@@ -5,8 +5,31 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import pickle
 from collections.abc import Callable
 from typing import Any
+
+import cloudpickle
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (Python 3.11+), or the same ``__notes__`` list before."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10: kept in the attribute 3.11's traceback prints
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+
+
+def portable(exc: BaseException) -> BaseException:
+    """``exc`` when it survives pickling as Dask pickles (cloudpickle: classes
+    of ``__main__`` travel by value), else a ``RuntimeError`` with the same text."""
+    try:
+        pickle.loads(cloudpickle.dumps(exc))
+    except Exception:
+        plain = RuntimeError(f"{type(exc).__name__}: {exc}")
+        plain.__notes__ = list(getattr(exc, "__notes__", []))
+        return plain
+    return exc
 
 
 class ClusterError(RuntimeError):

@@ -114,7 +114,7 @@ def finish(mb: Minibatch, device: Any = None) -> Minibatch:
     if mask:
         mb.mask = mask
     if device is not None:
-        from labkv.devices import to_device
+        from ..devices import to_device
 
         for k, v in mb.items():
             mb[k] = to_device(v, device, copy=False)

@@ -1,0 +1,253 @@
+"""A rank's side of the wire, as plain functions: checked ``[(key, [arrays])]``
+into one :class:`~labkv.cluster._protocol.messages.Push` per server, and the servers' pieces back into
+the caller's outs. No Dask, no event loop: ``meta`` is the store's ``{key:
+(shape, dtype)}`` and ``pieces`` its ``{key: [Piece]}`` (see :mod:`._placement`).
+
+>>> import numpy as np
+>>> from labkv.cluster._placement import Piece
+>>> pieces = {"w": [Piece(0, 0, 2), Piece(1, 2, 4)]}
+>>> [(s, p.tolist()) for s, p in split(np.arange(4.0), pieces["w"])]
+[(0, [0.0, 1.0]), (1, [2.0, 3.0])]
+>>> join([np.arange(2.0), np.arange(2.0, 4.0)], (2, 2)).tolist()
+[[0.0, 1.0], [2.0, 3.0]]
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from ...compression import GradientCompression, to_wire
+from ...devices import copy_into, device_of, empty
+from ...reduce import sum_into
+from .._device import host_view
+from .._placement import ORDER_RULE, Piece
+from .._protocol.messages import Codes, Push, PushHeader, pack_values
+from .._protocol.packing import PACK_BELOW
+
+Meta = dict  # key -> (shape, np.dtype)
+Pieces = dict  # key -> [Piece]
+
+
+def host(array: Any) -> np.ndarray:
+    """A plain, C-contiguous numpy array (no copy when it already is one)."""
+    return np.asarray(host_view(array), order="C")
+
+
+def split(array: Any, pieces: list[Piece]) -> list[tuple[int, Any]]:
+    """``(server, part)`` of a value placed as ``pieces``: the array itself on
+    one server, or one flat slice (a view) per server."""
+    if len(pieces) == 1:
+        return [(pieces[0].server, array)]
+    flat = array.reshape(-1)
+    return [(p.server, flat[p.start : p.stop]) for p in pieces]
+
+
+def join(parts: list[Any], shape: tuple, dtype: Any = None) -> np.ndarray:
+    """The host array of ``shape`` that :func:`split` cut into ``parts``."""
+    if len(parts) == 1:
+        whole = np.asarray(parts[0])
+    else:
+        whole = np.concatenate([np.ravel(p) for p in parts])
+    return (whole if dtype is None else whole.astype(dtype, copy=False)).reshape(shape)
+
+
+def piece_spec(meta: Meta, pieces: Pieces, s: int, key: Any) -> tuple[np.dtype, tuple]:
+    """``(dtype, shape)`` of the piece of ``key`` that server ``s`` holds."""
+    shape, dtype = meta[key]
+    placed = pieces[key]
+    if len(placed) > 1:
+        p = placed[s]  # a sliced key has slice s on server s
+        shape = (p.stop - p.start,)
+    return dtype, shape
+
+
+def compressed_pieces(
+    compression: GradientCompression, placed: list[Piece], values: list[Any]
+) -> list[tuple[int, np.ndarray]]:
+    """``(server, codes)`` of a compressed push of one key: per piece, every
+    device's quantised values packed (:func:`labkv.compression.to_wire`); the
+    server unpacks and sums them as this rank would have (pushes shrink 16x for
+    float32 at 2 bits; pulls stay uncompressed, as in MXNet)."""
+    per_device = [split(host(v), placed) for v in values]
+    return [
+        (p.server, to_wire(compression.type, compression.threshold, [d[i][1] for d in per_device]))
+        for i, p in enumerate(placed)
+    ]
+
+
+def per_server(
+    items: list, meta: Meta, pieces: Pieces, compression: GradientCompression | None
+) -> tuple[dict[int, list[tuple[Any, Any]]], int]:
+    """``{server: [(key, piece)]}`` of a push and the bytes it sends. Per-device
+    values are summed here first (on their device when they share one), so one
+    array per key crosses the network; with ``compression`` each piece is the
+    codes of every device instead."""
+    out: dict[int, list] = defaultdict(list)
+    nbytes = 0
+    for key, values in items:
+        if compression is not None:  # each device's values, 2 (or 1) bits each
+            for s, codes in compressed_pieces(compression, pieces[key], values):
+                nbytes += codes.nbytes
+                out[s].append((key, codes))
+            continue
+        shape, dtype = meta[key]
+        if len(values) == 1:
+            value = values[0]
+        else:
+            value = empty(shape, dtype, device_of(values[0]))
+            sum_into(value, values)
+        value = host(value)
+        nbytes += value.nbytes
+        for s, piece in split(value, pieces[key]):
+            out[s].append((key, piece))
+    return out, nbytes
+
+
+def _same(array: Any) -> Any:
+    return array
+
+
+def push_message(
+    header: tuple[str, int, int],
+    batch: list[tuple[Any, Any]],
+    meta: Meta,
+    copy: bool,
+    same_process: bool,
+    compression: GradientCompression | None = None,
+) -> Push:
+    """One server's push of ``batch`` (``header``: sender, rank, seq): the small
+    values packed into one buffer (a copy), the big ones as they are, or copied
+    when ``copy`` (a push not waited for: the caller may reuse its arrays at
+    once). A waited-for push to a server in this process lends it the caller's
+    arrays (``borrowed``: it copies what it keeps). With ``compression`` every
+    value is the packed codes of its devices (fresh arrays: never copied)."""
+    codes, dtypes = None, None
+    if compression is not None:
+        copy = False
+        codes = Codes(compression.type, compression.threshold, {k: len(v) for k, v in batch})
+    else:
+        small = [(k, v) for k, v in batch if v.nbytes < PACK_BELOW]
+        if any(v.dtype != meta[k][1] for k, v in small):
+            dtypes = [v.dtype.str for _, v in small]
+    values = pack_values([v for _, v in batch], np.array if copy else _same)
+    borrowed = not copy and codes is None and same_process
+    keys = [k for k, _ in batch]
+    header = PushHeader(*header, keys, dtypes, values.big, borrowed, codes)
+    return Push(header, values.packed, values.bigs)
+
+
+def fill_outs(items: list, got: dict[tuple[int, Any], Any], meta: Meta, pieces: Pieces) -> None:
+    """Copy each key's pieces ``got[(server, key)]`` into its outs: straight into
+    a C-contiguous numpy out slice by slice, else through the joined value."""
+    for key, outs in items:
+        placed = pieces[key]
+        if len(placed) == 1:
+            value = got[(placed[0].server, key)]
+            for out in outs:
+                copy_into(out, value)
+            continue
+        whole = None
+        for out in outs:
+            if type(out) is np.ndarray and out.flags.c_contiguous:
+                flat = out.reshape(-1)  # a view: the slices go straight into out
+                for p in placed:
+                    np.copyto(flat[p.start : p.stop], got[(p.server, key)], casting="unsafe")
+                continue
+            if whole is None:
+                whole = join([got[(p.server, key)] for p in placed], *meta[key])
+            copy_into(out, whole)
+
+
+def gather_states(gathered: list, meta: Meta, pieces: Pieces) -> tuple[int, dict, dict]:
+    """The store's optimizer states from each server's :class:`~labkv.cluster._protocol.messages.States`:
+    ``(num_update, counts, {key: whole state arrays})``."""
+    counts: dict[Any, int] = {}
+    for got in gathered:
+        for k, c in got.counts.items():
+            counts[k] = max(c, counts.get(k, 0))
+    states: dict[Any, tuple] = {}
+    for key, placed in pieces.items():
+        parts = [gathered[p.server].states.get(key) for p in placed]
+        if any(part is None for part in parts):
+            continue
+        shape = meta[key][0]
+        states[key] = tuple(join([part[j] for part in parts], shape) for j in range(len(parts[0])))
+    return max(g.num_update for g in gathered), counts, states
+
+
+def split_states(
+    counts: dict, states: dict, pieces: Pieces, num_servers: int
+) -> list[tuple[dict, dict]]:
+    """Per server, ``(counts, states)`` of the pieces it holds."""
+    server_counts: list[dict] = [{} for _ in range(num_servers)]
+    server_states: list[dict] = [{} for _ in range(num_servers)]
+    for key, count in counts.items():
+        for p in pieces[key]:
+            server_counts[p.server][key] = count
+    for key, state in states.items():
+        parts = [dict(split(np.asarray(a), pieces[key])) for a in state]
+        for p in pieces[key]:
+            server_states[p.server][key] = tuple(part[p.server] for part in parts)
+    return list(zip(server_counts, server_states, strict=True))
+
+
+def check_same_init(found: dict, items: list, ids: dict) -> None:
+    """Refuse a rank's init of a key that rank 0 initialised differently
+    (``found``: the servers' ``{key: KeyMeta}``; ``ids``: this rank's id of
+    each key, see :mod:`._placement`).
+
+    >>> from labkv.cluster._protocol.messages import KeyMeta
+    >>> check_same_init({"b": KeyMeta((2,), "<f8", 1)}, [("b", np.zeros(2))], {"b": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: key 'b' was initialised by rank 0 with id 1 (its string key number 1), but this rank numbers it 0 (string keys are numbered in init order: initialise them in the same order on every rank)
+    """
+    for key, array in items:
+        if key in found:
+            shape, dtype, owner_id = found[key]
+            if tuple(shape) != tuple(array.shape) or np.dtype(dtype) != array.dtype:
+                raise ValueError(
+                    f"key {key!r} was initialised by rank 0 with shape {tuple(shape)} "
+                    f"and dtype {np.dtype(dtype)}; this rank gave {tuple(array.shape)} "
+                    f"{array.dtype}"
+                )
+            if owner_id != ids[key]:
+                raise ValueError(
+                    f"key {key!r} was initialised by rank 0 with id {owner_id} (its string "
+                    f"key number {owner_id}), but this rank numbers it {ids[key]} ({ORDER_RULE})"
+                )
+
+
+def pickled_updater(updater: Any) -> bytes:
+    """A custom updater as it travels (cloudpickle, as Dask pickles): pickled in
+    the caller, so that one that cannot travel is refused at once."""
+    try:
+        return cloudpickle.dumps(updater)
+    except Exception as exc:
+        raise TypeError(
+            f"the updater cannot be sent to the servers: it cannot be pickled "
+            f"({type(exc).__name__}: {exc}); give a function, or an object without "
+            "locks, open files or sockets"
+        ) from exc
+
+
+def placement_table(
+    pieces: Pieces, meta: Meta, devices: list[str], addresses: list[str]
+) -> dict[Any, list[dict[str, Any]]]:
+    """``kv.placement()``: per key, its pieces ``{'server', 'device', 'start', 'stop'}``."""
+    return {
+        key: [
+            {
+                "server": p.server,
+                "device": f"{devices[p.server] if devices else 'cpu(0)'}@{addresses[p.server]}",
+                "start": p.start,
+                "stop": p.stop,
+            }
+            for p in pieces[key]
+        ]
+        for key in meta
+    }

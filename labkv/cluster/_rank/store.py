@@ -1,0 +1,469 @@
+"""The worker-side distributed store: a :class:`~labkv.store.KVStore` whose
+keys live on server actors (:mod:`labkv.cluster._server.actor`) on Dask workers.
+
+The base class normalises and validates every call; this backend turns the
+checked ``[(key, [arrays])]`` into one message per server per call
+(:mod:`labkv.cluster._rank.split`), sends them (:mod:`labkv.cluster._rank.calls`, through the links of
+:mod:`labkv.cluster._transport.dask`), and assembles what the servers send back.
+
+Choices made here, and why:
+
+- **Small pushes are not waited for, and a rank holds them back to fold them
+  into its next pull** of the same server: see :mod:`labkv.cluster._rank.calls` and
+  :mod:`labkv.cluster._rank.holding`.
+- **Per-device values are summed here first** (``dist_device_sync``: on the
+  device they live on), so one array per key crosses the network.
+- **Only the store's owner (rank 0, or the notebook when it shares its store
+  with a run) initialises keys; every rank ships its updater or optimizer**,
+  saying whether it is the owner (the servers' rules are in :mod:`labkv.cluster._server.control`),
+  and returns once every server has one: a rank's later pushes are applied
+  with it, as in MXNet. Other ranks' ``init`` waits until the owner's keys
+  exist, and checks them.
+- **``str`` keys are numbered in init order** (:class:`._placement.KeyIds`),
+  MXNet's rule, so that a model's keys spread over the servers; the owner's
+  number travels with its init, and a rank that numbered a key otherwise is told.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...events import EventBus
+from ...store import Items, Key, KVStore
+from .._errors import ClusterError
+from .._events import ClusterBus, topic_of
+from .._placement import KeyIds, Piece, place
+from .._protocol.messages import InitItem, decode_values, values_items
+from .._transport.barrier import EventBarrier
+from .._transport.base import ServerLink
+from . import split as messages
+from .calls import ACK_ABOVE, Calls
+from .failover import ReplicatedLink, check_replicated_updater
+from .settings import StoreUpdaters
+from .streaming import StoreStreaming
+
+if TYPE_CHECKING:
+    from .._options import StoreSpec
+
+
+def _same_push(kept: list[tuple[Key, list[np.ndarray]]], items: Items) -> bool:
+    """Whether ``items`` push exactly the values ``kept`` (keys, order, bits).
+
+    >>> one = np.ones(2, np.float32)
+    >>> _same_push([("w", [one.copy()])], [("w", [one])]), _same_push([("w", [one])], [("w", [one * 2])])
+    (True, False)
+    """
+    if [k for k, _ in kept] != [k for k, _ in items]:
+        return False
+    for (_, old), (_, new) in zip(kept, items, strict=True):
+        if len(old) != len(new):
+            return False
+        for a, b in zip(old, new, strict=True):
+            b = messages.host(b)
+            if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
+                return False
+    return True
+
+
+class DistStore(StoreUpdaters, StoreStreaming, KVStore):
+    """A ``dist_*`` store: rank ``rank`` of ``num_workers`` on shared servers.
+
+    Make one with ``labkv.create('dist_sync', cluster=handle)`` (the notebook
+    is rank 0 of 1) or get one per rank from :func:`labkv.cluster.run`.
+    ``servers`` are the server actors; ``links`` how this process calls them
+    (:mod:`labkv.cluster._transport`; the driver builds them, see
+    :func:`labkv.cluster._runtime.links.new_store`); ``handle`` the notebook's
+    :class:`~labkv.cluster.ClusterHandle` (None in a rank); ``release`` stops the
+    servers this store started (:meth:`close`); ``on_replica_lost(store, link,
+    old)`` hears each replica a link lost.
+    """
+
+    def __init__(
+        self,
+        spec: StoreSpec,
+        servers: list[Any],
+        rank: int = 0,
+        num_workers: int = 1,
+        *,
+        links: list[ServerLink],
+        owner: bool = True,
+        handle: Any = None,
+        release: Callable[[], None] | None = None,
+        on_replica_lost: Callable[[DistStore, ReplicatedLink, str | None], None] | None = None,
+    ):
+        super().__init__(spec.kind, spec.name or spec.kind)
+        self._id = spec.store_id
+        self._spec, self._servers = spec, list(servers)
+        self._rank, self._num_workers, self._owner = rank, num_workers, owner
+        self._handle, self._release = handle, release
+        if handle is not None:  # the notebook's store: events come from the servers
+            self.events = ClusterBus(self._id, self._set_streaming)
+        else:
+            self.events = EventBus(self._id)
+        self._links = links
+        for link in links:
+            if isinstance(link, ReplicatedLink):
+                link.listen(self._failed_over, self._promoted)
+        self._on_replica_lost = on_replica_lost
+        self._streamed = False  # its servers ever streamed events (see close)
+        # The values of a waited-for push that timed out: the next push, if it is
+        # the same, is its retry, and is not sent again (see _push_impl).
+        self._timed_out: list[tuple[Key, list[np.ndarray]]] | None = None
+        # A run's ranks send as "<run's barrier group>/<rank>/...": a stopped run's
+        # servers refuse them (see Server.barred); the notebook's store has no prefix.
+        prefix = "" if handle is not None else f"{spec.group}/{rank}/"
+        self._calls = Calls(links, spec.timeout, self._restore_residuals, prefix)
+        self._pieces: dict[Key, list[Piece]] = {}
+        self._ids = KeyIds()  # str keys numbered in this process's init order, as MXNet
+        self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
+        # With compression: per key, the residuals its last push replaced and
+        # that push's sequence number per server (restored if that push fails).
+        self._residual_undo: dict[Key, tuple[dict, dict[int, int]]] = {}
+
+    # -- identity ----------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This worker's rank among the store's ``num_workers``."""
+        return self._rank
+
+    @property
+    def num_workers(self) -> int:
+        """How many ranks push to the servers (a dist_sync round waits for all)."""
+        return self._num_workers
+
+    @property
+    def staleness(self) -> int | None:
+        """dist_ssp: how many rounds a rank may run ahead of the slowest rank
+        (a pull at clock c waits until every rank has pushed c - staleness
+        times); None for the other types.
+
+        >>> labkv.create("dist_ssp", staleness=2).staleness  # doctest: +SKIP
+        2
+        """
+        return self._spec.staleness
+
+    @property
+    def num_servers(self) -> int:
+        """How many server shards hold the keys."""
+        return self._spec.num_servers
+
+    def __repr__(self) -> str:
+        return (
+            f"<labkv.KVStore type={self._type!r} rank={self._rank}/{self._num_workers} "
+            f"servers={self.num_servers} keys={len(self._meta)} id={self._id}>"
+        )
+
+    @property
+    def store_id(self) -> str:
+        """The store's id: its servers' Dask keys and its event topic carry it."""
+        return self._id
+
+    @property
+    def spec(self) -> StoreSpec:
+        """What a rank needs to reach this store's servers (with :attr:`servers`)."""
+        return self._spec
+
+    @property
+    def servers(self) -> list[Any]:
+        """The server actors (Dask ``Actor`` handles), by server id."""
+        return list(self._servers)
+
+    @property
+    def handle(self) -> Any:
+        """The cluster handle of a store made in this process (None in a rank)."""
+        return self._handle
+
+    @property
+    def barrier_generation(self) -> int:
+        """How many barriers this rank has entered."""
+        return self._event_barrier.generation
+
+    def local_server(self, s: int) -> Any:
+        """Server ``s`` itself when this process calls it in-process (a rank on
+        the server's worker), else None."""
+        return self._links[s].server if self._links[s].same_process else None
+
+    def configure_ranks(self, num_workers: int) -> None:
+        """Tell every server how many ranks a dist_sync round waits for (a run
+        sharing this store sets its ranks, then 1 again); no round may be open."""
+        self._all_servers("configure", num_workers)
+
+    def flush(self) -> None:
+        """Wait for this rank's pushes still in flight (raising their errors)."""
+        self._calls.flush()
+
+    # -- talking to servers ------------------------------------------------------------
+    def _call(self, s: int, method: str, *args: Any) -> Any:
+        return self._calls.call(s, method, *args)
+
+    def _wait_all(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
+        return self._calls.wait(calls, what)
+
+    def _all_servers(self, method: str, *args: Any) -> list[Any]:
+        return self._calls.all(method, *args)
+
+    def _check_replicated_updater(self, updater: Callable | None, pieces: dict) -> None:
+        if self._spec.replicas > 1:
+            ssp = self._spec.staleness is not None
+            check_replicated_updater(updater, pieces, self._spec.sync, ssp)
+
+    def _promoted(self, link: Any) -> None:
+        """A new primary of server ``link.sid`` streams its events (to a watched
+        notebook store) before the pushes not yet acknowledged are replayed to it,
+        so that the monitor counts them too."""
+        if self._handle is None or not self.events.active:
+            return
+        detail = (self.events.detail_interval, self.events.detail_burst)
+        with contextlib.suppress(Exception):  # _failed_over tries again after the replay
+            link.primary.call("streaming", True, *detail).result(self._spec.timeout)
+
+    def _failed_over(self, sid: int, old: str | None, replicas: list[str]) -> None:
+        """Server ``sid`` lost a replica: its link made the next one the primary
+        (``old``: the lost primary's worker), or learnt that a backup is gone
+        (``old`` None). Reported on ``events``; ``on_replica_lost`` (the driver's,
+        see :func:`labkv.cluster._runtime.reseed.replica_lost`) may start a new
+        replica; the spec then names the replicas of now, so that a run sharing
+        the store reaches them."""
+        link = self._links[sid]
+        if old is not None and self._handle is not None and self.events.active:
+            self._set_streaming(True)  # the new primary streams its events too
+        if old is not None:
+            extra = {"lost": [old], "replicas": link.addresses(), "primary": link.address}
+            self.events.emit(
+                "failover", None, rank=self._rank, server=sid, extra={**extra, "promoted": True}
+            )
+        if self._on_replica_lost is not None:  # the driver starts a replica in its place
+            self._on_replica_lost(self, link, old)
+        self._spec.replica_members[sid] = [tuple(m) for m in link.members]
+
+    # -- keys ------------------------------------------------------------------------
+    def _place(self, key_id: int, size: int) -> list[Piece]:
+        return place(key_id, size, self.num_servers, self._spec.bigarray_bound)
+
+    def _learn(self, key: Key, shape: tuple, dtype: Any, owner_id: int) -> None:
+        """A key this rank never initialised: placed by the id its owner gave it."""
+        self._ids.adopt(key, owner_id)
+        self._pieces[key] = self._place(owner_id, int(np.prod(shape, dtype=np.int64)))
+        self._meta[key] = (tuple(shape), np.dtype(dtype))
+        if self._key_kind is None:
+            self._key_kind = type(key)
+
+    def _check_known(self, keys: list[Key]) -> None:
+        # A key another rank (or the notebook) initialised is known to the
+        # servers but not yet to this rank: ask them once, on this miss path only.
+        self._check_key_kinds(keys)
+        unknown = [k for k in keys if k not in self._meta]
+        if unknown:
+            for found in self._all_servers("keys", unknown):
+                for k, meta in found.items():
+                    if k not in self._meta:
+                        self._learn(k, meta.shape, meta.dtype, meta.key_id)
+        super()._check_known(keys)
+
+    def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
+        keys = [k for k, _ in items]
+        ids = dict(zip(keys, self._ids.proposed(keys), strict=True))
+        placed = {k: self._place(ids[k], int(a.size)) for k, a in items}
+        self._check_replicated_updater(self._updater, placed)
+        if self._owner:
+            per_server: dict[int, list] = defaultdict(list)
+            for key, array in items:
+                host = messages.host(array)
+                for s, piece in messages.split(host, placed[key]):
+                    item = InitItem(key, piece, tuple(host.shape), host.dtype.str, ids[key])
+                    per_server[s].append(item)
+            calls = self._calls.call_each("init", {s: (b,) for s, b in per_server.items()})
+            self._wait_all(calls, "init")
+        else:
+            self._wait_for_owner(items, ids, placed)
+        self._ids.assign(keys)
+        self._pieces.update(placed)
+
+    def _wait_for_owner(self, items: list[tuple[Key, Any]], ids: dict, placed: dict) -> None:
+        """A non-owner's init: wait until the owner has initialised ``items``
+        where this rank placed them, and check it gave the same shapes, dtypes
+        and ids. A str key the owner numbered otherwise lives elsewhere: every
+        server is asked first (the owner may have initialised it already) and
+        after a wait that timed out, so that the error says why."""
+        named = [k for k, _ in items if isinstance(k, str)]
+        if named:
+            self._check_owner_ids(named, items, ids)
+        per_server: dict[int, list] = defaultdict(list)
+        for key, _ in items:
+            for p in placed[key]:
+                per_server[p.server].append(key)
+        calls = [(s, self._call(s, "wait_keys", keys)) for s, keys in per_server.items()]
+        try:
+            found = self._wait_all(calls, "init (waiting for rank 0)")
+        except ClusterError:
+            mismatch = self._mismatch(named, items, ids) if named else None
+            if mismatch is None:
+                raise
+            raise mismatch from None
+        for meta in found:
+            messages.check_same_init(meta, items, ids)
+
+    def _check_owner_ids(self, keys: list[Key], items: list[tuple[Key, Any]], ids: dict) -> None:
+        """Refuse ``keys`` that the owner has initialised differently (any server)."""
+        found: dict[Key, Any] = {}
+        for metas in self._all_servers("keys", keys):
+            found.update(metas)
+        messages.check_same_init(found, items, ids)  # the first key of items named
+
+    def _mismatch(
+        self, keys: list[Key], items: list[tuple[Key, Any]], ids: dict
+    ) -> ValueError | None:
+        """After a wait for ``keys`` timed out: the error of the owner's other
+        init of one of them, the real cause (None when there is none to see)."""
+        try:
+            self._check_owner_ids(keys, items, ids)
+        except ValueError as exc:
+            return exc
+        except ClusterError:
+            pass  # the servers cannot say: the timeout stands
+        return None
+
+    # -- push and pull -------------------------------------------------------------
+    def _push_impl(self, items: Items) -> None:
+        calls = self._calls
+        timed_out, self._timed_out = self._timed_out, None
+        if timed_out is not None and _same_push(timed_out, items):
+            calls.settle()  # a retry: the push that timed out is the one applied
+            return
+        calls.reap()
+        compression = self._compression
+        per_server, nbytes = messages.per_server(items, self._meta, self._pieces, compression)
+        wait = nbytes >= ACK_ABOVE
+        links = self._links
+        # A replicated dist_sync push is kept until its round is acknowledged, after
+        # the push returns: a big one lent to the server is copied to be kept.
+        keep_copies = self._spec.replicas > 1 and self._spec.sync
+        with calls.sending("push"):  # numbers taken are numbers sent, Ctrl-C or not
+            msgs = [
+                (
+                    s,
+                    messages.push_message(
+                        (calls.sender, self._rank, calls.next_seq(s)),
+                        batch,
+                        self._meta,
+                        copy=not wait,
+                        same_process=links[s].same_process,
+                        compression=compression,
+                    ),
+                )
+                for s, batch in per_server.items()
+            ]
+            sent = calls.send_pushes(msgs, wait, keep_copies)
+        try:
+            calls.finish_pushes(sent, wait)
+        except ClusterError as exc:
+            if getattr(exc, "_labkv_timeout", False):  # sent: it may still be applied
+                self._timed_out = [(k, [messages.host(v).copy() for v in vs]) for k, vs in items]
+            raise
+
+    def _pull_impl(self, items: Items) -> None:
+        self._timed_out = None  # only the very next push may be a retry
+        per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
+        for key, _ in items:
+            for p in self._pieces[key]:
+                per_server[p.server][key] = None
+        keys = {s: list(ks) for s, ks in per_server.items()}
+        got: dict[tuple[int, Key], Any] = {}
+        for (s, ks), reply in zip(keys.items(), self._calls.pull(keys), strict=True):
+            lookup = functools.partial(messages.piece_spec, self._meta, self._pieces, s)
+            for key, value in values_items(ks, decode_values(reply), lookup):
+                got[(s, key)] = value
+        messages.fill_outs(items, got, self._meta, self._pieces)
+
+    def _new_out(self, key: Key) -> Any:
+        shape, dtype = self._meta[key]
+        return np.empty(shape, dtype)
+
+    def peek(self, key: Key) -> np.ndarray:
+        """``key``'s value as the servers hold it now, without a pull: no event,
+        no waiting for a round, and safe from another thread (a monitor's). In
+        dist_sync it may be a round behind what a pull after a push returns.
+
+        >>> kv.peek("w")  # doctest: +SKIP
+        array([3., 3., 3.], dtype=float32)
+        """
+        self._check_known([key])
+        pieces = self._pieces[key]
+        calls = [(p.server, self._call(p.server, "peek", [key])) for p in pieces]
+        values = [reply[0] for reply in self._wait_all(calls, "peek")]
+        return messages.join(values, *self._meta[key])
+
+    # -- barrier, placement, events ------------------------------------------------------
+    def _barrier_impl(self) -> None:
+        self._timed_out = None
+        failed = None
+        try:
+            self.flush()
+        except Exception as exc:
+            if getattr(exc, "_labkv_update", None) is None:
+                raise  # a lost server or a timeout: this rank cannot go on
+            # An updater refused a push of this rank: the rank has still reached
+            # the barrier, so it enters it (the other ranks must not wait for it
+            # until their timeout), then raises the updater's error once.
+            failed = exc
+        client = self._handle.client if self._handle is not None else None
+        self._event_barrier.wait(client)
+        if failed is not None:
+            raise failed
+
+    def placement(self) -> dict[Key, list[dict[str, Any]]]:
+        """Where every key lives, in the local store's format: per key, its
+        pieces ``{'server': s, 'device': 'cpu(0)@<worker address>', 'start': a,
+        'stop': b, 'replicas': [<worker address>, ...]}`` (flat element offsets;
+        one piece, or one slice per server for values of at least
+        ``bigarray_bound`` elements; ``replicas``: the workers holding the
+        piece, primary first, the one worker when ``replicas=1``). A value
+        below ``bigarray_bound`` lives on server ``(id * 9973) % num_servers``,
+        a str key's id its position in init order (see
+        :mod:`labkv.cluster._placement`).
+
+        >>> kv.init(["W1", "b1"], [np.zeros(4), np.zeros(2)])  # doctest: +SKIP
+        >>> [kv.placement()[k][0]["server"] for k in ["W1", "b1"]]  # doctest: +SKIP
+        [0, 1]
+        """
+        table = messages.placement_table(
+            self._pieces, self._meta, self._spec.server_devices, self._spec.server_addresses
+        )
+        for pieces in table.values():
+            for piece in pieces:
+                if self._spec.replicas > 1:  # the workers of its replicas, primary first
+                    link = self._links[piece["server"]]
+                    piece["replicas"] = link.addresses()
+                    piece["device"] = piece["device"].split("@")[0] + "@" + link.address
+                else:
+                    piece["replicas"] = [self._spec.server_addresses[piece["server"]]]
+        return table
+
+    def server_load(self) -> list[dict[str, Any]]:
+        """Per server: its device, bytes in/out so far, keys and bytes held,
+        messages received."""
+        return self._all_servers("load")
+
+    def close(self) -> None:
+        """Release the servers this store started (their keys are dropped); a
+        later call on the store raises ``ClusterError`` saying it is closed."""
+        if self._release is not None and self._handle is not None:
+            self._calls.closed = f"the store {self._id} is closed (its servers were released)"
+            if self.events.active:
+                self._handle.client.unsubscribe_topic(topic_of(self._id))
+            release, self._release = self._release, None
+            release()
+            if self._streamed:
+                self._forget_topic()  # the events it left on the scheduler
+
+    def __enter__(self) -> DistStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,281 @@
+"""Connecting to Dask: an embedded ``LocalCluster`` or a running scheduler.
+
+:func:`connect` returns a :class:`ClusterHandle` that owns the ``Client``
+(and the ``LocalCluster`` when it started one). Closing the handle closes
+only what it started: attaching to someone's scheduler never stops it.
+
+:func:`default_handle` is the cluster a store or a run uses when given none:
+the one the user attached to (Dask's default client, as Dask's own collections
+use it), and an embedded cluster only when there is none.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import os
+import threading
+import weakref
+from typing import Any
+
+import dask
+import distributed
+from distributed import Client, LocalCluster, Security
+
+from .._errors import ClusterError
+from .._transport.dask import _gone, raise_if_scheduler_gone
+
+
+class ClusterHandle:
+    """A connection to a Dask cluster; a context manager.
+
+    ``client`` is the ``distributed.Client``; ``cluster`` the ``LocalCluster``
+    it started (None when attached to an address). ``owns_client=False``: a
+    handle on a client made by someone else (Dask's default client), which
+    :meth:`close` leaves open.
+    """
+
+    def __init__(
+        self, client: Client, cluster: LocalCluster | None = None, *, owns_client: bool = True
+    ):
+        self.client = client
+        self.cluster = cluster
+        self._owns_client = owns_client
+        self._closed = False
+        # Nodes that passed labkv's check ('scheduler' and worker addresses; see _compat).
+        self._checked: set[str] = set()
+        _handles[id(client)] = self
+
+    @property
+    def address(self) -> str:
+        """The scheduler's address."""
+        return self.client.scheduler.address
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard's URL (None without a dashboard)."""
+        try:
+            return self.client.dashboard_link
+        except Exception:  # attached schedulers may run without a dashboard
+            return None
+
+    def workers(self) -> list[str]:
+        """The addresses of the live Dask workers, sorted (fresh from the scheduler);
+        a ``ClusterError`` at once when the scheduler is gone."""
+        raise_if_scheduler_gone(self.client)
+        # Asked of the scheduler itself: Client.scheduler_info() returns the client's
+        # cache, which its periodic refresh may overwrite, while the call waits, with
+        # a summary that lists no workers (live workers would then look dead).
+        try:
+            identity = self.client.sync(self.client.scheduler.identity, n_workers=-1)
+        except OSError as exc:  # the connection broke under the call
+            raise ClusterError(_gone(self.client, f"its connection broke: {exc}")) from exc
+        return sorted(identity["workers"])
+
+    def check(self) -> None:
+        """Check that the scheduler and every worker run this labkv (version and
+        wire protocol) beside a numpy of the same major version; raise a
+        ``ClusterMismatchError`` with one line per node that differs, within
+        seconds. ``labkv.create('dist_*')`` and ``run`` check the nodes they use.
+
+        >>> handle.check()  # doctest: +SKIP
+        """
+        from .compat import check_cluster
+
+        check_cluster(self, self.workers())
+
+    def close(self) -> None:
+        """Close the client and, if this handle started it, the cluster (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def __enter__(self) -> ClusterHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        kind = "embedded" if self.cluster is not None else "attached"
+        return f"<labkv.cluster.ClusterHandle {kind} {self.address}>"
+
+
+#: The handles made in this process, by ``id`` of their client.
+_handles: weakref.WeakValueDictionary[int, ClusterHandle] = weakref.WeakValueDictionary()
+
+
+def _default_workers() -> int:
+    # One single-threaded worker process per core (at least 2, so that a
+    # 2-rank run fits; at most 8, a notebook's share of a big machine).
+    return max(2, min(8, os.cpu_count() or 2))
+
+
+# glibc settings for the embedded workers (read once, at process start). Dask sets
+# MALLOC_TRIM_THRESHOLD_ (which also freezes the mmap threshold at 128 KiB), so
+# every receive buffer above that is a fresh mmap whose pages fault in one by one
+# (4 KiB each: numpy asks for huge pages only from 4 MiB); a 4 x 2 MiB message
+# took 4,500 page faults per iteration and ran 1.7x slower than one 8 MiB array.
+# Buffers up to 64 MiB come from the heap and are reused instead, and up to
+# 128 MiB of free heap is kept: a server's working set is the same every step.
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_": 128 << 20}
+
+
+def _worker_environ() -> dict[str, Any]:
+    """Dask's pre-spawn environment with :data:`_MALLOC_ENV`, unless the user
+    configured ``MALLOC_MMAP_THRESHOLD_`` there (their choice wins; as always
+    with Dask, variables set in this process's environment win over both)."""
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {})
+    if "MALLOC_MMAP_THRESHOLD_" not in environ:
+        environ.update(_MALLOC_ENV)
+    return environ
+
+
+def connect(
+    address: str | None = None,
+    n_workers: int | None = None,
+    security: Security | None = None,
+    *,
+    set_as_default: bool = True,
+    upload: bool = False,
+    **kw: Any,
+) -> ClusterHandle:
+    """Start an embedded ``LocalCluster`` (``address=None``) or attach to a
+    running scheduler (``'tcp://...'``, or ``'tls://...'`` with ``security``).
+
+    Embedded: worker processes on 127.0.0.1, one thread each (ranks run one per
+    worker; servers are actors on the workers' event loops and need no thread),
+    dashboard on a free port of 127.0.0.1 (pass ``dashboard_address`` to choose), Dask's logs shown from level ERROR (``silence_logs``), and
+    glibc told to reuse big buffers (see
+    ``_MALLOC_ENV``; configure ``distributed.nanny.pre-spawn-environ`` to
+    override); ``kw`` go to ``LocalCluster``. Attached: ``kw`` go to ``Client``. ``set_as_default=False`` keeps the client from becoming
+    Dask's default scheduler (dask.array ``compute()`` then stays local). In a script that starts a cluster, call this under
+    ``if __name__ == "__main__":`` (worker processes are spawned).
+
+    The handle becomes the default cluster of ``labkv.create('dist_*')`` and
+    :func:`labkv.cluster.run` called without ``cluster=`` (its client is Dask's
+    default client; with ``set_as_default=False`` pass it as ``cluster=``).
+    Before a store's servers or a run's ranks start, labkv checks that the
+    scheduler and those workers run this labkv (same version and wire protocol)
+    beside a numpy of the same major version, and fails within seconds naming
+    each node that differs. ``upload=True`` (attached only) ships this
+    process's labkv to the scheduler and to every worker, those that join later
+    included, unless all of them already have it, and raises if a node still
+    differs (a numpy of another major version cannot be shipped); your own
+    modules travel with
+    ``handle.client.upload_file("mymodule.py")`` (scheduler and workers too).
+
+    >>> with connect(n_workers=2) as handle:  # doctest: +SKIP
+    ...     len(handle.workers())
+    2
+    >>> handle = connect("tcp://10.0.0.5:8786", upload=True)  # doctest: +SKIP
+    """
+    if upload and address is None:
+        raise ValueError("upload=True ships labkv to an attached cluster; the embedded one has it")
+    cluster = None
+    # The client talks to server actors directly (bulk data never goes through
+    # the scheduler): without direct_to_workers a client's actor calls are
+    # proxied by the scheduler.
+    client_kw: dict[str, Any] = {
+        "direct_to_workers": True,
+        "security": security,
+        "set_as_default": set_as_default,
+    }
+    if address is None:
+        options = {
+            "n_workers": n_workers or _default_workers(),
+            "threads_per_worker": 1,
+            "processes": True,
+            "host": "127.0.0.1",
+            # ":0" would bind every interface; the embedded cluster is this machine's own.
+            "dashboard_address": "127.0.0.1:0",
+            # Dask's warnings about its own routine (a nanny restarting a worker, the
+            # scheduler removing one) land in the notebook under whichever cell runs;
+            # labkv raises the error that matters at the call it breaks (a lost server,
+            # a failed rank), so the embedded cluster only shows errors.
+            "silence_logs": logging.ERROR,
+            **kw,
+        }
+        if security is not None:
+            options.setdefault("security", security)
+            options.setdefault("protocol", "tls://")
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}):
+            cluster = LocalCluster(**options)
+        target: Any = cluster
+    else:
+        target = address
+        client_kw.update(kw)
+    try:
+        client = Client(target, **client_kw)
+    except BaseException:
+        # distributed 2026.8 can hang the *next* Client if the failed one is
+        # collected inside its LoopRunner.start(): collect it now.
+        gc.collect()
+        if cluster is not None:
+            cluster.close()
+        raise
+    if address is not None and n_workers:
+        client.wait_for_workers(n_workers, timeout=60)
+    handle = ClusterHandle(client, cluster)
+    if upload:
+        try:
+            ship_labkv(handle)
+        except BaseException:
+            handle.close()
+            raise
+    return handle
+
+
+def ship_labkv(handle: ClusterHandle) -> None:
+    """Upload this process's labkv to ``handle``'s scheduler and workers unless
+    they all have it (see :mod:`labkv.cluster._runtime.upload`), then check them again."""
+    from .compat import ClusterMismatchError
+    from .upload import upload_labkv
+
+    try:
+        handle.check()
+        return
+    except ClusterMismatchError:
+        pass
+    upload_labkv(handle.client)
+    handle._checked.clear()
+    handle.check()
+
+
+_default: ClusterHandle | None = None
+_default_lock = threading.Lock()
+
+
+def attached_handle() -> ClusterHandle | None:
+    """A handle on Dask's default client (the latest :func:`connect` made with
+    ``set_as_default=True``, or a ``distributed.Client`` of the user's), or None."""
+    try:
+        client = distributed.default_client()
+    except ValueError:
+        return None
+    if client.status in ("closing", "closed"):
+        return None
+    handle = _handles.get(id(client))
+    if handle is None or handle._closed or handle.client is not client:
+        handle = ClusterHandle(client, owns_client=False)
+    return handle
+
+
+def default_handle() -> ClusterHandle:
+    """The cluster to use when none is given: the attached one
+    (:func:`attached_handle`), else the process-wide embedded cluster, started
+    on first use and closed at exit."""
+    global _default
+    attached = attached_handle()
+    if attached is not None:
+        return attached
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = connect()
+            atexit.register(_default.close)
+        return _default

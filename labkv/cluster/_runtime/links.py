@@ -1,0 +1,156 @@
+"""Building a store and its links to its servers.
+
+The notebook's store reaches each server through a Dask ``Actor`` handle; a
+rank (a Dask task) through its worker's loop, in-process to a server on its
+own worker. Servers with replicas are wrapped in one
+:class:`~labkv.cluster._rank.failover.ReplicatedLink` per server id.
+:func:`new_store` builds the links, the store, and the re-seeding of a lost
+replica (a driver's job), so that the rank's code never imports the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from .._rank.failover import ReplicatedLink
+from .._rank.store import DistStore
+from .._transport.base import ServerLink
+from .._transport.dask import workers_of
+from .reseed import replica_lost
+
+
+# -- building a store's links ----------------------------------------------------------------
+class _ActorRef:
+    """What a rank's link needs of an actor it has no handle of: its key."""
+
+    _future = None
+
+    def __init__(self, key: str):
+        self.key = key
+
+
+def replicated_links(
+    spec: Any,
+    handle: Any,
+    actors: list[Any] | None,
+    on_failover: Callable[[int, str | None, list[str]], None] | None = None,
+    on_promoted: Callable[[ReplicatedLink], None] | None = None,
+) -> list[ReplicatedLink]:
+    """The links of a store whose servers have replicas (``spec.replica_members``):
+    through the ``actors`` handles (all replicas, replica-major, as
+    ``start_servers`` returns them) in the notebook (``handle``), else a rank's
+    links (in-process to replicas on its own worker)."""
+    from distributed import Actor
+
+    from .._server.actor import Server
+    from .._transport.dask import ActorLink, rank_links
+
+    if handle is not None:
+
+        def make(sid: int, address: str, key: str) -> ServerLink:
+            with handle.client.as_current():
+                return ActorLink(sid, address, Actor(Server, address, key))
+
+        def alive(address: str) -> bool:
+            # An actor pinned to a dead worker may read "pending" again, not lost.
+            try:
+                return address in handle.workers()
+            except Exception:
+                return True  # the scheduler did not answer: no news of a loss
+
+    else:
+
+        def make(sid: int, address: str, key: str) -> ServerLink:
+            (link,) = rank_links([address], [_ActorRef(key)], Server)
+            link.sid = sid
+            return link
+
+        alive = _scheduler_alive()
+
+    links = []
+    num_servers = spec.num_servers
+    for s, members in enumerate(spec.replica_members):
+        given = None
+        if handle is not None and actors is not None:
+            given = [
+                ActorLink(s, a, actors[r * num_servers + s]) for r, (a, _) in enumerate(members)
+            ]
+        links.append(ReplicatedLink(s, members, make, given, on_failover, alive, on_promoted))
+    return links
+
+
+def _scheduler_alive() -> Callable[[str], bool] | None:
+    """In a rank (a Dask task): whether the scheduler still has a worker, asked
+    through the rank's worker. A rank's call to a dead worker can sit in Dask's
+    connect retries for 30 s; its waits ask this every ``POLL_S`` instead."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    loop = worker.loop.asyncio_loop
+
+    def alive(address: str) -> bool:
+        try:
+            workers = asyncio.run_coroutine_threadsafe(workers_of(worker), loop).result(5)
+        except Exception:
+            return True  # the scheduler did not answer: no news of a loss
+        return address in workers
+
+    return alive
+
+
+def store_links(
+    spec: Any, servers: list[Any], handle: Any, replica_actors: list[Any] | None = None
+) -> list[ServerLink]:
+    """How a store reaches its servers: the notebook's (``handle``) through the
+    actors' handles, a rank's in-process to the servers on its own worker; one
+    :class:`ReplicatedLink` per server id when the servers have replicas."""
+    from .._server.actor import Server
+    from .._transport.dask import ActorLink, rank_links
+
+    if spec.replicas > 1:
+        return replicated_links(spec, handle, replica_actors)
+    addresses = spec.server_addresses
+    if handle is not None:
+        return [ActorLink(s, a, x) for s, (a, x) in enumerate(zip(addresses, servers))]
+    return rank_links(addresses, servers, Server)
+
+
+def new_store(
+    spec: Any,
+    servers: list[Any],
+    rank: int = 0,
+    num_workers: int = 1,
+    *,
+    owner: bool = True,
+    handle: Any = None,
+    release: Callable[[], None] | None = None,
+    replica_actors: list[Any] | None = None,
+) -> DistStore:
+    """A :class:`DistStore` on the servers of ``spec``, with its links; the
+    notebook's (``handle``) re-seeds the replicas its links lose, and its
+    ``release`` stops those too."""
+    reseeded: list[Any] = []  # futures of replicas started after a failover
+
+    def lost(store: DistStore, link: ReplicatedLink, old: str | None) -> None:
+        replica_lost(store.events, store.rank, handle, spec, link, reseeded)
+
+    def release_all() -> None:
+        release()
+        handle.client.cancel(reseeded)
+
+    return DistStore(
+        spec,
+        servers,
+        rank,
+        num_workers,
+        links=store_links(spec, servers, handle, replica_actors),
+        owner=owner,
+        handle=handle,
+        release=None if release is None else release_all,
+        on_replica_lost=lost,
+    )

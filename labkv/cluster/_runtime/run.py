@@ -1,0 +1,285 @@
+"""Running a function as W ranks on Dask workers, xgboost-style.
+
+Each rank is one Dask task pinned to its own worker (``workers=[address]``,
+``allow_other_workers=False``). Pinning is what makes a rank a rank: the
+ranks of a dist_sync store wait for each other inside every round, so they
+must run *at the same time*, on distinct workers; letting Dask queue two
+ranks on one single-threaded worker, or move one after a failure, would turn a
+round into a deadlock.
+
+For the same reason a missing or dying worker fails the run at once instead
+of waiting for Dask to reschedule: the launcher checks the cluster's workers
+every ``_POLL_S`` while the ranks run; when a rank fails or a worker hosting a
+rank or a server disappears, it aborts the servers (waiting ranks get an
+error at once instead of sitting out their timeout), sets the barrier's abort
+event, cancels the other ranks and raises naming the rank or server lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ..._types import dist_kind
+from .._device import parse_server_device
+from .._errors import ClusterError
+from .._events import EventStream, topic_of
+from .._options import (
+    DEFAULT_TIMEOUT_S,
+    StoreSpec,
+    check_replicas,
+    check_staleness,
+)
+from .._placement import DEFAULT_BIGARRAY_BOUND
+from .._rank.store import DistStore
+from .._transport.barrier import clear_barrier
+from .._transport.dask import raise_if_scheduler_gone, scheduler_gone
+from .compat import check_cluster
+from .connect import ClusterHandle, default_handle
+from .launch import check_cluster_args, start_servers
+from .links import new_store
+from .watch import _POLL_S, _stop_ranks, _watch
+
+# A call onto the rank's own worker loop (never waits on another process).
+_LOOP_CALL_S = 10.0
+
+
+def _rank_main(
+    fn: Callable,
+    spec: StoreSpec,
+    servers: list[Any],
+    rank: int,
+    num_workers: int,
+    owner: bool,
+    args: tuple,
+    kwargs: dict,
+    detail: tuple[float, int] | None = None,
+) -> tuple[Any, int]:
+    """The task of one rank: build its store, run ``fn``, wait for its pushes.
+    With ``detail`` (the notebook's subscribers' ``(detail_interval,
+    detail_burst)``), the rank's events go to the store's topic meanwhile."""
+    _quiet_rank_failures()
+    kv = new_store(spec, servers, rank, num_workers, owner=owner)
+    stop_stream = _stream_events(kv, *detail) if detail is not None else None
+    try:
+        result = fn(kv, *args, **kwargs)
+        kv.flush()
+    finally:
+        if stop_stream is not None:
+            # Events are best effort: the rank's own outcome (or error) is what counts.
+            with contextlib.suppress(Exception):
+                stop_stream()
+    return result, kv.barrier_generation
+
+
+_RANK_KEY = "labkv-rank-"  # the Dask key of every rank task starts with it
+
+
+class _RankFailureFilter(logging.Filter):
+    """Drops the worker's "Compute Failed" record of a rank task: ``run`` raises that
+    error in the caller, naming the rank; Dask's record would print it again, as an
+    escaped one-line traceback, under whichever notebook cell is running."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not (msg.startswith("Compute Failed") and _RANK_KEY in str(record.args))
+
+
+def _quiet_rank_failures() -> None:
+    """Install :class:`_RankFailureFilter` on this worker's logger, once."""
+    logger = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _RankFailureFilter) for f in logger.filters):
+        logger.addFilter(_RankFailureFilter())
+
+
+def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> Callable[[], None]:
+    """Send a rank's events to its store's topic, batched on the worker's loop
+    (as a server's are); returns the function that sends the rest and stops."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    topic = topic_of(kv.store_id)
+    stream = EventStream(kv.events, lambda batch: worker.log_event(topic, batch))
+    loop = worker.loop.asyncio_loop
+
+    async def start() -> None:
+        stream.start(detail_interval, detail_burst)
+
+    async def stop() -> None:
+        stream.stop()
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=_LOOP_CALL_S)
+    return lambda: asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=_LOOP_CALL_S)
+
+
+def run(
+    fn: Callable[..., Any],
+    num_workers: int | None = None,
+    kvstore: str | DistStore = "dist_sync",
+    num_servers: int | None = None,
+    cluster: ClusterHandle | None = None,
+    args: tuple = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
+    server_device: str = "auto",
+    staleness: int | None = None,
+    replicas: int = 1,
+) -> list[Any]:
+    """Run ``fn(kv, *args, **kwargs)`` as ``num_workers`` ranks, one pinned
+    Dask task per worker, all on the same servers; the results in rank order.
+
+    ``kvstore`` is a type (new servers are started for this run, ``num_servers``
+    of them, default ``num_workers``, and released after it) or a store made
+    in this process with ``labkv.create`` (its servers are shared: the notebook
+    watches the ranks' keys, and a monitor of that store sees the servers' and
+    the ranks' events; it owns init and the optimizer, and its own pushes should
+    wait until the run is over). ``cluster`` defaults to the cluster this
+    process attached to (see :func:`labkv.cluster.default_handle`), an
+    embedded one only when there is none; its scheduler and workers are
+    checked first, as ``labkv.create`` checks them. ``num_workers`` defaults to all
+    the cluster's workers; asking for more fails at once. ``timeout`` bounds
+    every wait of the ranks (rounds, init, barrier); ``bigarray_bound`` is the
+    size from which values are sliced across servers; ``server_device`` where
+    new servers keep their values (``'auto'``: a GPU when their worker has one;
+    see ``labkv.create``); ``staleness`` the bound of a new ``'dist_ssp'``
+    store (a shared store keeps its own); ``replicas`` how many copies of each
+    new server live on different workers: with 2 or more, the run survives
+    the loss of a worker that hosts only servers (the next replica takes
+    over, a new one is seeded, nothing acknowledged is lost).
+
+    >>> from labkv.cluster import connect, run
+    >>> def train(kv):
+    ...     kv.init(0, np.zeros(2)); kv.push(0, np.full(2, kv.rank + 1.0)); return kv.pull(0)
+    >>> with connect(n_workers=2) as handle:  # doctest: +SKIP
+    ...     run(train, num_workers=2, cluster=handle)
+    [array([3., 3.]), array([3., 3.])]
+    >>> with connect(n_workers=3) as handle:  # doctest: +SKIP
+    ...     run(train, num_workers=2, cluster=handle, num_servers=1, replicas=2)
+    [array([3., 3.]), array([3., 3.])]
+    """
+    kwargs = dict(kwargs or {})
+    shared = isinstance(kvstore, DistStore)
+    if shared:
+        if kvstore.handle is None:
+            raise ValueError("only a store made in this process (labkv.create) can be shared")
+        if staleness is not None:
+            raise ValueError(
+                "staleness is set when a 'dist_ssp' store is made; a shared store keeps "
+                f"its own ({kvstore.staleness!r})"
+            )
+        if replicas != 1:
+            raise ValueError(
+                "replicas are set when a store is made; a shared store keeps its own "
+                f"({kvstore.spec.replicas})"
+            )
+        handle = kvstore.handle
+    else:
+        kind = dist_kind(kvstore)
+        check_cluster_args(cluster, timeout)
+        staleness = check_staleness(kind, staleness)
+        replicas = check_replicas(replicas)
+        parse_server_device(server_device)
+        handle = cluster if cluster is not None else default_handle()
+    workers = handle.workers()
+    num_workers = len(workers) if num_workers is None else num_workers
+    if not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+    if num_workers > len(workers):
+        hint = (
+            f"; start an embedded cluster with enough: labkv.cluster.connect(n_workers={num_workers})"
+            if handle.cluster is not None
+            else f"; start more workers for it, or ask for num_workers <= {len(workers)}"
+        )
+        raise ClusterError(
+            f"run needs {num_workers} Dask workers (one per rank); the cluster has "
+            f"{len(workers)}: {workers}{hint}"
+        )
+    check_cluster(handle, workers)
+    client = handle.client
+    group = f"labkv-barrier-{uuid.uuid4().hex[:8]}"
+    futures_to_release = None
+    reseeded: list[Any] = []  # replicas started after a loss, released with the run's
+    if shared:
+        kvstore.flush()
+        spec, servers = kvstore.spec, kvstore.servers
+        kvstore.configure_ranks(num_workers)
+    else:
+        num_servers = num_servers or num_workers
+        futures_to_release, servers, spec = start_servers(
+            handle,
+            kind,
+            num_servers,
+            num_workers,
+            timeout,
+            workers,
+            server_device,
+            bigarray_bound,
+            name=kvstore.lower(),
+            staleness=staleness,
+            replicas=replicas,
+        )
+    spec = dataclasses.replace(spec, group=group)  # this run's own barrier
+    rank_workers = workers[:num_workers]
+    # The notebook watches the shared store: the ranks stream their own events too.
+    watched = shared and kvstore.events.active
+    detail = (kvstore.events.detail_interval, kvstore.events.detail_burst) if watched else None
+    futures = [
+        client.submit(
+            _rank_main,
+            fn,
+            spec,
+            # Replicated: no actor handles as arguments (a rank reaches its servers
+            # by address and key), else Dask fails the rank when one actor's worker dies.
+            [] if spec.replicas > 1 else servers,
+            rank,
+            num_workers,
+            not shared and rank == 0,
+            tuple(args),
+            kwargs,
+            detail,
+            key=f"{_RANK_KEY}{group}-{rank}",
+            workers=[rank_workers[rank]],
+            allow_other_workers=False,
+            pure=False,
+        )
+        for rank in range(num_workers)
+    ]
+    ok = False
+    try:
+        with client.as_current():  # distributed.wait looks for "the current client"
+            out = _watch(handle, futures, rank_workers, spec, servers, reseeded)
+        ok = True
+    except ClusterError:
+        raise
+    except Exception as exc:  # a broken connection: a lost scheduler explains it best
+        if isinstance(exc, OSError) and scheduler_gone(client) is None:
+            time.sleep(_POLL_S)  # the client notices a moment after its calls fail
+        raise_if_scheduler_gone(client)
+        raise
+    except BaseException as exc:  # Ctrl-C: no rank may go on writing to the store
+        _stop_ranks(handle, spec, servers, futures, rank_workers, type(exc).__name__)
+        raise
+    finally:
+        if scheduler_gone(client) is None:  # else nothing is left to release
+            if shared:
+                try:
+                    kvstore.configure_ranks(1)
+                except Exception:
+                    if ok:
+                        raise
+            else:
+                client.cancel(futures_to_release)
+            client.cancel(reseeded)
+            with contextlib.suppress(Exception):
+                clear_barrier(
+                    client, group, num_workers, [g for _, g in out] if ok else [2] * num_workers
+                )
+    return [result for result, _ in out]

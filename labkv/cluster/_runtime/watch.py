@@ -1,0 +1,163 @@
+"""How ``run`` watches its ranks, and how it stops them.
+
+While the ranks run, the launcher looks every ``_POLL_S`` at the cluster's
+workers (:func:`_watch`): a rank that failed, or a lost worker hosting a rank or
+a server fails the run at once. Stopping (:func:`_stop_ranks`, :func:`_abort`)
+bars the run's senders on every server, so that a stopped rank's later calls
+are refused, and cancels the rank tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import distributed
+
+from ..._interrupts import sigint_held
+from .._errors import TIMEOUTS, ClusterError
+from .._options import (
+    StoreSpec,
+)
+from .._transport.barrier import abort_name
+from .._transport.dask import ActorLink, raise_if_scheduler_gone
+from .connect import ClusterHandle
+from .links import replicated_links
+from .reseed import heal
+
+_POLL_S = 0.25
+# How long an interrupted run waits for its ranks' threads to end (their next call
+# to a server fails; a rank busy computing ends at its next call, later).
+_STOP_S = 10.0
+# How long a failed run waits for its servers to acknowledge the abort, in all.
+_ABORT_S = 1.0
+
+
+def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reason: str) -> None:
+    """Wake every waiting rank with an error, and have the servers refuse this
+    run's ranks from now on (best effort: servers may be gone)."""
+    calls = []
+    for s, actor in enumerate(servers):  # with replicas: every replica, replica-major
+        address = getattr(actor, "_address", None) or spec.server_addresses[s % spec.num_servers]
+        with contextlib.suppress(Exception):  # its worker may be gone
+            calls.append(ActorLink(s, address, actor).call("abort", reason, spec.group))
+    distributed.Event(abort_name(spec.group), client=client).set()
+    # One short deadline for all: a frozen server cannot be woken, and must not
+    # delay the error beyond the run's documented bound (timeout + GRACE_S).
+    deadline = time.monotonic() + _ABORT_S
+    for call in calls:
+        with contextlib.suppress(Exception):
+            call.result(timeout=max(0.05, deadline - time.monotonic()))
+
+
+def _ranks_running(keys: list[str], dask_worker: Any = None) -> list[str]:
+    """The rank tasks among ``keys`` whose thread still runs on ``dask_worker``
+    (a cancelled task's thread runs on: Dask cannot stop a thread)."""
+    return [k for k in keys if k in dask_worker.active_keys]
+
+
+def _stop_ranks(
+    handle: ClusterHandle,
+    spec: StoreSpec,
+    servers: list[Any],
+    futures: list[Any],
+    rank_workers: list[str],
+    why: str,
+) -> None:
+    """An interrupted run: the servers refuse its ranks (each fails at its next
+    call), they are cancelled, and this waits (at most ``_STOP_S``) until no
+    rank's thread runs any more, so that none writes to a shared store after
+    ``run`` returns (each call the servers refuse fails its rank)."""
+    client = handle.client
+    with sigint_held:  # a second Ctrl-C must not leave the ranks half stopped
+        _abort(client, spec, servers, f"the run was interrupted ({why})")
+        client.cancel(futures)
+    keys = [f.key for f in futures]
+    deadline = time.monotonic() + _STOP_S
+    while time.monotonic() < deadline:
+        try:
+            running = client.run(_ranks_running, keys, workers=rank_workers, on_error="return")
+        except Exception:  # workers gone: their ranks with them
+            return
+        running = {w: r for w, r in running.items() if not isinstance(r, BaseException)}
+        if not any(running.values()):
+            return
+        time.sleep(_POLL_S)
+
+
+def _watch(
+    handle: ClusterHandle,
+    futures: list[Any],
+    rank_workers: list[str],
+    spec: StoreSpec,
+    servers: list[Any],
+    reseeded: list[Any],
+) -> list[tuple[Any, int]]:
+    client = handle.client
+    links = replicated_links(spec, handle, None) if spec.replicas > 1 else []
+    seen: set[str] = set(handle.workers())
+
+    def servers_lost(live: set[str]) -> list[int]:
+        if not links:
+            return [s for s, w in enumerate(spec.server_addresses) if w not in live]
+        # Replicated: a lost worker costs a failover and a re-seed, not the run;
+        # the watcher promotes at once, so the ranks find the new primary ready.
+        if live == seen:
+            return []
+        seen.clear()
+        seen.update(live)
+        return heal(handle, spec, links, reseeded, tuple(rank_workers))
+
+    def lost_workers() -> str | None:
+        live = set(handle.workers())
+        lost_ranks = [r for r, w in enumerate(rank_workers) if w not in live]
+        lost_servers = servers_lost(live)
+        if not (lost_ranks or lost_servers):
+            return None
+        gone = sorted(
+            {rank_workers[r] for r in lost_ranks} | {spec.server_addresses[s] for s in lost_servers}
+        )
+        return (
+            f"Dask worker(s) {gone} died: ranks {lost_ranks} lost; servers {lost_servers} "
+            "lost with their keys' values and optimizer states"
+        )
+
+    def fail(reason: str, cause: BaseException | None) -> None:
+        _abort(client, spec, servers, reason)
+        client.cancel(futures)
+        if cause is None:
+            raise ClusterError(reason)
+        raise cause
+
+    while True:
+        try:
+            running = [f for f in futures if f.status == "pending"]
+            distributed.wait(running, timeout=_POLL_S, return_when="FIRST_COMPLETED")
+        except TIMEOUTS:
+            pass
+        except Exception:  # the futures cancelled: a lost scheduler explains it best
+            raise_if_scheduler_gone(client)
+            raise
+        raise_if_scheduler_gone(client)
+        failed = [r for r, f in enumerate(futures) if f.status in ("error", "cancelled", "lost")]
+        if failed:
+            rank = failed[0]
+            future = futures[rank]
+            exc = future.exception() if future.status == "error" else None
+            died = lost_workers()  # a dead worker explains a failed rank best
+            deadline = time.monotonic() + 3.0
+            while died is None and "lost" in str(exc) and time.monotonic() < deadline:
+                time.sleep(_POLL_S)  # the scheduler may not have removed the worker yet
+                died = lost_workers()
+            if died is not None:
+                try:
+                    fail(died, None)
+                except ClusterError as error:
+                    raise error from exc
+            fail(f"rank {rank} (on {rank_workers[rank]}) failed ({future.status})", exc)
+        if all(f.status == "finished" for f in futures):
+            return [f.result() for f in futures]
+        died = lost_workers()
+        if died is not None:
+            fail(died, None)

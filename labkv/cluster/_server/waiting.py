@@ -1,0 +1,68 @@
+"""How a server's coroutines wait for its state to change, with a deadline.
+
+A waiter is a bare future checked by :meth:`Waiters.wake` after every state
+change: the waiting coroutine resumes in the loop's next iteration (an
+``asyncio.Condition`` with ``wait_for`` took a task and several iterations to
+hand the lock around, on the path of every pull).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from .._errors import ClusterError
+
+
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)  # the waiter re-checks, then names what is missing
+
+
+class Waiters:
+    """The waiting coroutines of server ``name`` (e.g. ``'server 1'``); each
+    wait gives up after ``timeout`` seconds naming what is missing."""
+
+    __slots__ = ("name", "timeout", "aborted", "_waiting")
+
+    def __init__(self, name: str, timeout: float) -> None:
+        self.name, self.timeout = name, timeout
+        self.aborted: str | None = None  # why every wait fails now (an aborted run)
+        self._waiting: dict[asyncio.Future, Callable[[], bool]] = {}
+
+    async def until(self, ready: Callable[[], bool], missing: Callable[[], str]) -> None:
+        """Wait until ``ready()``; on timeout raise naming ``missing()``."""
+        if ready():
+            return
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.timeout
+        while not ready():
+            if self.aborted is not None:
+                raise ClusterError(f"{self.name}: {self.aborted}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterError(f"{self.name} timed out after {self.timeout:g} s: {missing()}")
+            future = loop.create_future()
+            self._waiting[future] = ready
+            timer = loop.call_later(left, _expire, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self._waiting.pop(future, None)
+
+    def wake(self) -> None:
+        """Wake the waiters whose condition now holds (all of them after an abort)."""
+        if not self._waiting:
+            return
+        for future, ready in list(self._waiting.items()):
+            if future.done() or self.aborted is not None or ready():
+                del self._waiting[future]
+                if not future.done():
+                    future.set_result(None)
+
+    def abort(self, reason: str) -> None:
+        """Fail every wait, now and from now on, with ``reason``."""
+        self.aborted = reason
+        self.wake()

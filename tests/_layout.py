@@ -1,0 +1,89 @@
+"""The rooms of ``labkv/cluster`` and the imports between them, read from the source
+(no import runs): the checks of ``tests/test_cluster_layout.py`` use it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CLUSTER = Path(__file__).resolve().parent.parent / "labkv" / "cluster"
+
+#: Each room's level: a module may import its own room or a lower level's, never a
+#: higher one; rank and server share a level and never import each other.
+LEVELS = {"_runtime": 3, "_rank": 2, "_server": 2, "_transport": 1, "base": 0}
+#: The only modules that may import Dask (``distributed``, ``dask``, ``tornado``).
+DASK_ROOMS = ("labkv.cluster._runtime.", "labkv.cluster.__init__")
+DASK_MODULES = {
+    "labkv.cluster._transport.dask",
+    "labkv.cluster._transport.channel",
+    "labkv.cluster._transport.barrier",
+}
+DASK = {"distributed", "dask", "tornado"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(CLUSTER.parent.parent).with_suffix("").parts
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(CLUSTER.rglob("*.py"))}
+
+
+def room(module: str) -> str:
+    """``labkv.cluster._rank.store`` -> ``_rank``; the shared bottom modules
+    (``_protocol``, ``_errors``, ``_placement``, ...) -> ``base``."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[2] in LEVELS:
+        return parts[2]
+    if module == "labkv.cluster.__init__":
+        return "__init__"
+    return "base"
+
+
+def imports(module: str, path: Path) -> list[tuple[int, str]]:
+    """Every module ``module`` imports, anywhere in it (functions and
+    ``TYPE_CHECKING`` blocks included), as absolute names, with their lines."""
+    package = module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            # ``from . import x`` names a module too
+            found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+    return found
+
+
+def violations() -> list[str]:
+    """Every import that breaks the rooms' order, and every Dask import outside
+    the adapter and the driver."""
+    known = modules()
+    out = []
+    for module, path in known.items():
+        mine = room(module)
+        for line, target in imports(module, path):
+            where = f"{path.relative_to(CLUSTER.parent.parent)}:{line}"
+            if target.split(".")[0] in DASK:
+                allowed = module in DASK_MODULES or module.startswith(DASK_ROOMS)
+                if not allowed:
+                    out.append(
+                        f"{where} imports {target} (only the Dask adapter and the driver may)"
+                    )
+                continue
+            if not target.startswith("labkv.cluster.") or mine == "__init__":
+                continue
+            if target not in known and f"{target}.__init__" not in known:
+                continue  # a name imported from a module, already counted
+            theirs = room(target)
+            if theirs == mine:
+                continue
+            if LEVELS.get(theirs, 0) >= LEVELS.get(mine, 0):
+                out.append(f"{where} ({mine}) imports {target} ({theirs})")
+    return out

@@ -1,0 +1,30 @@
+"""The shape of ``labkv/cluster`` (``docs/design.md``, "Map of labkv/cluster"),
+checked from the source: the rooms import one way (driver -> rank | server ->
+transport -> protocol and the shared bottom), rank and server never import each
+other, and only the Dask adapter and the driver import Dask."""
+
+from __future__ import annotations
+
+from tests import _layout
+
+
+def test_the_rooms_import_one_way_and_only_the_adapter_and_the_driver_import_dask():
+    assert _layout.violations() == []
+
+
+def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
+    """The check reads every import, in functions too: a server module that
+    imports the rank's store, and a rank module that imports distributed, are both
+    found (the rules of the check are not vacuous)."""
+    cluster = tmp_path / "labkv" / "cluster"
+    for folder in ("_rank", "_server"):
+        (cluster / folder).mkdir(parents=True)
+        (cluster / folder / "__init__.py").write_text("")
+    (cluster / "__init__.py").write_text("")
+    (cluster / "_rank" / "store.py").write_text("def f():\n    import distributed\n")
+    (cluster / "_server" / "actor.py").write_text("from .._rank.store import f\n")
+    monkeypatch.setattr(_layout, "CLUSTER", cluster)
+    found = _layout.violations()
+    assert len(found) == 2, found
+    assert any("_server/actor.py:1 (_server) imports labkv.cluster._rank.store" in v for v in found)
+    assert any("_rank/store.py:2 imports distributed" in v for v in found)
