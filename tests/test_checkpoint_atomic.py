@@ -74,6 +74,7 @@ def test_a_save_that_fails_for_want_of_space_keeps_the_last_checkpoint(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["states"]  # no temporary left
 
 
+@pytest.mark.slow
 def test_a_save_killed_midway_leaves_a_loadable_checkpoint(tmp_path):
     path = tmp_path / "states"
     _good_checkpoint(path)

@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import labkv
 from labkv.cluster import run
@@ -87,6 +88,7 @@ def _topics(dask_scheduler=None):
     return list(dask_scheduler._broker._topics)
 
 
+@pytest.mark.slow
 def test_a_closed_or_unwatched_store_leaves_no_events_on_the_scheduler(handle):
     from labkv.widgets import monitor
 

@@ -16,9 +16,12 @@ import pytest
 
 import labkv
 
-pytestmark = pytest.mark.skipif(
-    threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
+    ),
+]
 
 
 def _count(key, merged, stored):

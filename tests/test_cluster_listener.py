@@ -61,6 +61,7 @@ async def _flood(port: int, n: int) -> list:
     return [c for c in await asyncio.gather(*(one() for _ in range(n))) if c is not None]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200, reason="low fd limit")
 def test_a_flood_without_the_token_leaves_the_listener_serving_and_quiet():
     listener = subprocess.Popen(

@@ -16,7 +16,7 @@ from labkv.cluster import run
 from tests._inprocess import InProcessCluster
 from tests._waiting import in_threads
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 #: How late rank 0 (the owner) makes its call.
 DELAY_S = 1.0

@@ -16,6 +16,8 @@ import labkv
 from labkv.cluster import ClusterError
 from tests._waiting import wait_until
 
+pytestmark = pytest.mark.slow  # real LocalClusters whose workers are killed
+
 STEPS = 30
 KEYS = ["w", "b"]
 
