@@ -5,7 +5,7 @@
 The notebook's own dist_sync store (one rank) on an embedded 2-worker cluster
 makes 500 tiny push+pulls with ``replicas=1`` and with ``replicas=2``, twice
 each, alternating. Each worker times every forward of a log entry from a
-primary to its backup (wrapping ``Replication._forward_one``), so the table
+primary to its backup (wrapping ``ReplicaLog._forward_one``), so the table
 sets the forward's median beside the time of a whole push+pull. A benchmark,
 not a test: it prints, it asserts nothing.
 """
@@ -24,7 +24,7 @@ def _time_forwards() -> None:
     """In a worker: keep the duration of every forward to a backup."""
     from labkv.cluster._server.replication import log as _replication
 
-    forward = _replication.Replication._forward_one
+    forward = _replication.ReplicaLog._forward_one
     _replication.forward_times = []
 
     async def timed(self, backup, entry):
@@ -34,7 +34,7 @@ def _time_forwards() -> None:
         finally:
             _replication.forward_times.append(time.perf_counter() - start)
 
-    _replication.Replication._forward_one = timed
+    _replication.ReplicaLog._forward_one = timed
 
 
 def _take_forward_times() -> list[float]:

@@ -87,3 +87,56 @@ def violations() -> list[str]:
             if LEVELS.get(theirs, 0) >= LEVELS.get(mine, 0):
                 out.append(f"{where} ({mine}) imports {target} ({theirs})")
     return out
+
+
+MAX_LINES = 400
+MAX_MODULES = 10
+
+
+def too_long() -> list[str]:
+    """Modules over ``MAX_LINES`` lines."""
+    return [
+        f"{p.relative_to(CLUSTER)}: {n} lines"
+        for p in modules().values()
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    ]
+
+
+def crowded() -> list[str]:
+    """Folders of more than ``MAX_MODULES`` modules (``__init__.py`` not counted)."""
+    folders = {CLUSTER, *(p.parent for p in CLUSTER.rglob("*.py"))}
+    out = []
+    for folder in sorted(folders):
+        count = len([p for p in folder.glob("*.py") if p.name != "__init__.py"])
+        if count > MAX_MODULES:
+            out.append(f"{folder.relative_to(CLUSTER.parent)}: {count} modules")
+    return out
+
+
+def bases(name: str) -> dict[str, list[str]]:
+    """Per module defining class ``name``: its base classes, as written."""
+    found = {}
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                found[module] = [ast.unparse(b) for b in node.bases]
+    return found
+
+
+def probes() -> list[str]:
+    """``getattr``/``hasattr`` calls whose object is a link, a call or a future
+    (by its name): the seam's interface is declared, never probed."""
+    out = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            is_probe = (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and node.args
+            )
+            if is_probe:
+                target = ast.unparse(node.args[0]).lower()
+                if any(word in target for word in ("link", "future", "call")):
+                    out.append(f"{path.relative_to(CLUSTER)}:{node.lineno} {ast.unparse(node)}")
+    return out

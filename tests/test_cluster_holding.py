@@ -83,3 +83,21 @@ def test_the_timer_sends_held_pushes_after_the_hold_time():
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
         loop.close()
+
+
+def test_a_held_push_to_a_lost_replicated_primary_settles_without_failing_over():
+    """The done-callback runs on the link's loop, where no failover may wait: the
+    held push's future gets the call's own error; its waiter fails over later."""
+    from tests._fake_links import Group
+
+    g = Group()
+    g.replicas[0].fail["push"] = [OSError("the connection broke")]
+    h = Holding(lambda s, msg: g.link.call("push", msg), loop=None)
+    held = h.hold(0, "p")
+    h.release()
+    with pytest.raises(OSError, match="the connection broke"):
+        held.result(timeout=1)
+    assert g.replicas[1].calls == [] and g.link.generation == 0
+    g.link.keep(0, "p")
+    assert g.link.track("push", held).result(1) is None  # the waiter fails over
+    assert [m for m, _ in g.replicas[1].calls] == ["promote", "replay"]

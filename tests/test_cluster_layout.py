@@ -28,3 +28,35 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
     assert len(found) == 2, found
     assert any("_server/actor.py:1 (_server) imports labkv.cluster._rank.store" in v for v in found)
     assert any("_rank/store.py:2 imports distributed" in v for v in found)
+
+
+def test_no_module_over_400_lines_and_no_folder_over_10_modules():
+    assert _layout.too_long() == []
+    assert _layout.crowded() == []
+
+
+def test_the_server_and_the_store_are_composed_not_mixed():
+    """``Server`` has no base class; ``DistStore`` only the public ``KVStore``
+    (the store API it implements)."""
+    assert _layout.bases("Server") == {"labkv.cluster._server.actor": []}
+    assert _layout.bases("DistStore") == {"labkv.cluster._rank.store": ["KVStore"]}
+
+
+def test_no_module_probes_a_link_or_a_future():
+    assert _layout.probes() == []
+
+
+def test_the_shape_checks_see_what_they_forbid(tmp_path, monkeypatch):
+    cluster = tmp_path / "labkv" / "cluster"
+    (cluster / "_rank").mkdir(parents=True)
+    for n in range(11):
+        (cluster / "_rank" / f"m{n}.py").write_text("")
+    (cluster / "_rank" / "store.py").write_text(
+        "class DistStore(Streaming, KVStore):\n    pass\n"
+        + "x = getattr(link, 'replicated', False)\n" * 400
+    )
+    monkeypatch.setattr(_layout, "CLUSTER", cluster)
+    assert _layout.too_long() == ["_rank/store.py: 402 lines"]
+    assert _layout.crowded() == ["cluster/_rank: 12 modules"]
+    assert _layout.bases("DistStore") == {"labkv.cluster._rank.store": ["Streaming", "KVStore"]}
+    assert len(_layout.probes()) == 400

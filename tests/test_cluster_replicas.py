@@ -1,6 +1,8 @@
 """Replicated servers without Dask: real ``Server`` replicas on one loop in this
-process (``_replicas.InProcessReplicas``), real ``DistStore`` ranks, replicas
-killed mid-run. Each test runs in well under a second."""
+process (``labkv.cluster._runtime.inprocess.InProcessReplicas``), real
+``DistStore`` ranks, replicas killed mid-run, and the calls between servers
+dropped, held back or cut by the in-process transport's fault hooks. Each test
+runs in well under a second."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 
 import labkv
 from labkv.cluster._errors import ClusterError
+from labkv.cluster._protocol.entries import decode_entry
 from tests._inprocess import InProcessCluster
 from tests._waiting import in_threads, wait_until
 
@@ -102,7 +105,7 @@ def test_a_push_applied_but_not_acknowledged_is_applied_once_after_failover():
         primary = c.group.replicas_of[0][0]
         _cut_after(c, 0, "pull")  # the held push rides in the pull: applied, reply lost
         kv.push("w", np.full(4, 2.0, np.float32))
-        c.group.host.dead.add(primary.me.actor_key)
+        c.group.host.dead.add(c.group.name_of(primary))
         got = kv.pull("w")
         np.testing.assert_array_equal(got, np.full(4, 3.0))  # 1 + 2, not 1 + 2 + 2
         assert c.group.replicas_of[0][1].primary
@@ -116,7 +119,7 @@ def test_a_big_push_whose_reply_is_lost_is_applied_once():
         kv.init("w", big)
         kv.set_updater(_add)
         _cut_after(c, 0, "push")
-        c.group.host.dead.add(c.group.replicas_of[0][0].me.actor_key)
+        c.group.host.dead.add(c.group.name_of(c.group.replicas_of[0][0]))
         kv.push("w", np.ones_like(big))
         np.testing.assert_array_equal(kv.pull("w")[:4], np.ones(4))
         kv.push("w", np.ones_like(big))
@@ -215,7 +218,7 @@ def test_a_custom_updater_on_a_sliced_key_survives_a_killed_primary(kind, killed
         values = _train_with_updater(c, 12, kill_at=5, killed=killed)
         assert c.group.servers_by_name(killed)[0].primary  # the backup took over
         backups = [c.group.replicas_of[s][1] for s in range(2)]
-        assert [b.peers[killed] for b in backups] == [backups[killed].me] * 2
+        assert [b.peers[killed] for b in backups] == [backups[killed].log.me] * 2
     for a, b in zip(values, undisturbed, strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -268,7 +271,10 @@ def test_a_dist_ssp_failover_keeps_every_ranks_clocks():
         np.testing.assert_array_equal(r0.pull("w"), [5.0, 5.0])
         assert backup.primary and backup.clocks.of("w") == {0: 3, 1: 2}
         seeded = c.group.reseed(0)
-        assert seeded.clocks.of("w") == {0: 3, 1: 2} and seeded.rank_of == backup.rank_of
+        assert seeded.clocks.of("w") == {0: 3, 1: 2}
+        assert (
+            seeded.clocks.ranks == backup.clocks.ranks == {r0._calls.sender: 0, r1._calls.sender: 1}
+        )
 
 
 def test_a_lost_backup_leaves_the_group_and_the_primary_carries_on():
@@ -281,7 +287,7 @@ def test_a_lost_backup_leaves_the_group_and_the_primary_carries_on():
         for _ in range(3):
             kv.push("w", np.full(2, 2.0, np.float32))
             np.testing.assert_array_equal(kv.pull("w"), [2.0, 2.0])
-        assert len(c.group.replicas_of[0][0].group) == 1
+        assert c.group.replicas_of[0][0].log.group.members == [("in-process", "server-0-0")]
         assert kv._links[0].generation == 0  # no failover: the primary lives
 
 
@@ -363,9 +369,11 @@ def test_a_failed_round_told_by_a_primary_that_died_before_noting_it_is_not_rais
     with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
         r0, r1 = _fail_a_round(c, ["w"], [2])
         primary = c.group.replicas_of[0][0]
-        primary._issue_told = lambda sender, keys: None  # the note dies with the primary
+        # the note that it told rank 0 dies with the primary: it never reaches the backup
+        lost = c.group.host.drop("replicate", caller=c.group.name_of(primary))
         with pytest.raises(ValueError, match="too big"):
             r0.pull("w")
+        assert lost.seen == 1
         c.group.kill(0)  # the new primary still owes it to rank 0, and tells it again
         np.testing.assert_array_equal(r0.pull("w"), [0.0, 0.0])  # which raises it once
         (failure,) = c.group.replicas_of[0][1].rounds["w"].failures.values()
@@ -408,19 +416,9 @@ def test_a_backup_shares_no_array_with_its_primary(mode):
                     assert not np.shares_memory(a, b)
 
 
-class _Unreachable:
-    """The host of a replica that died: it reaches nobody any more."""
-
-    address = "dead"
-
-    def log_event(self, topic, batch):
-        pass
-
-    async def alive(self, address):
-        return True
-
-    def call_peer(self, peer, method, args):
-        raise OSError("this replica is dead")
+def _votes_of(number):
+    """Matches a ``vote`` call's arguments ``[key, number, sid, error, push]`` of update ``number``."""
+    return lambda args: args[1] == number
 
 
 def _dies_with_its_vote(c, sid, number, sent):
@@ -428,17 +426,8 @@ def _dies_with_its_vote(c, sid, number, sent):
     go out, once every backup has it: before sending it (``sent=False``), or
     right after."""
     primary = next(sv for sv in c.group.servers_by_name(sid) if sv.primary)
-    send = primary._send_vote
-
-    def send_then_die(key, n, error, push):
-        if n != number:
-            return send(key, n, error, push)
-        if sent:
-            send(key, n, error, push)
-        primary.host = _Unreachable()
-        c.group.kill(sid)
-
-    primary._send_vote = send_then_die
+    when = "sent" if sent else "before"
+    c.group.host.die(c.group.name_of(primary), "vote", when, match=_votes_of(number))
 
 
 def _async_updater_run(c, steps, fault=None):
@@ -491,25 +480,21 @@ def test_two_ranks_keep_a_sliced_key_in_one_order_across_a_failover(killed):
         assert c.group.servers_by_name(killed)[0].primary
 
 
+def _updates(key):
+    """Matches a ``replicate`` call whose entry applies an update of ``key``."""
+    return lambda args: any(k == key and v is not None for k, v in decode_entry(args[0]).updates)
+
+
 def _drops_its_vote_then_dies_once_decided(c, sid, number):
     """The primary of ``sid`` loses its vote of update ``number`` (logged, but
     the message never leaves), decides the update all the same (it has the
     other server's vote), and dies once every backup has that update: the
     other server never got this vote, and the push is not resent."""
     primary = next(sv for sv in c.group.servers_by_name(sid) if sv.primary)
-    send, finish = primary._send_vote, primary._finish
-
-    def drop(key, n, error, push):
-        if n != number:
-            send(key, n, error, push)
-
-    def finish_then_die(key, failure):
-        finish(key, failure)
-        if primary.rounds[key].done == number + 1:
-            primary.host = _Unreachable()
-            c.group.kill(sid)
-
-    primary._send_vote, primary._finish = drop, finish_then_die
+    name = c.group.name_of(primary)
+    c.group.host.drop("vote", caller=name, match=_votes_of(number))
+    # updates of "big" reach the backup in order: the number-th is update `number`
+    c.group.host.die(name, "replicate", "answered", match=_updates("big"), skip=number)
 
 
 def test_a_new_primary_sends_again_the_votes_its_old_primary_lost():
@@ -526,24 +511,20 @@ def test_a_primary_whose_backup_took_over_acknowledges_nothing_more():
     """A primary the ranks took for lost while it still runs (a partition):
     once its backup is the primary, the entries it issues are refused, and it
     acknowledges none (its votes and rounds stay open)."""
-    import asyncio
-
     with replicated("dist_sync", num_servers=1, num_workers=1) as c:
         (kv,) = c.ranks
         kv.init("w", np.zeros(2, np.float32))
         kv.push("w", np.ones(2, np.float32))
         kv.pull("w")
         old, backup = c.group.replicas_of[0]
+        acked = old.log.acked
+        # its next entry reaches the backup only once the backup took over
+        held = c.group.host.delay("replicate", caller=c.group.name_of(old))
+        kv.push("w", np.ones(2, np.float32))  # completes round 1 on the old primary
+        assert wait_until(lambda: held.seen == 1, timeout=5)
         c.group.kill(0)  # unreachable for the ranks; it still runs
-        kv.push("w", np.ones(2, np.float32))
         np.testing.assert_array_equal(kv.pull("w"), [1.0, 1.0])  # failed over
         assert backup.primary
-        acknowledged = []
-
-        async def issue():
-            old._issue([], [], then=lambda: acknowledged.append(True))
-
-        acked = old.acked
-        asyncio.run_coroutine_threadsafe(issue(), c.group.loop).result(timeout=5)
-        assert wait_until(lambda: old.deposed, timeout=5)
-        assert old.acked == acked and not acknowledged
+        held.release()
+        assert wait_until(lambda: old.log.deposed, timeout=5)
+        assert old.log.acked == acked and old.rounds["w"].done == 1  # round 1 never finished

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from labkv.cluster._errors import failed_update
 from labkv.cluster._server.order import UpdateQueue
 from labkv.cluster._server.rounds import Failure, Round, SyncRounds, pushed_by
 
@@ -84,7 +85,7 @@ def test_a_failed_round_is_reported_once_to_each_rank_that_pushed():
     assert senders == {"a": {"w": 4}, "b": {"w": 7}}
     rounds["w"].finish(Failure(ValueError("bad"), server=1, keys=["w"], senders=senders))
     exc = rounds["w"].report_to("a")
-    assert isinstance(exc, ValueError) and exc._labkv_update == {"server": 1, "seqs": {"w": 4}}
+    assert isinstance(exc, ValueError) and failed_update(exc) == (1, {"w": 4})
     assert rounds["w"].report_to("a") is None
     assert rounds["w"].report_to("notebook") is None
     assert rounds["w"].report_to("b") is not None
@@ -115,3 +116,14 @@ def test_dist_async_updates_of_a_sliced_key_follow_server_0s_order():
     assert other.take(0) == (("b", 0), "vb", 0)
     other.decided("b")
     assert leader.take(1)[0] == other.take(1)[0] == ("a", 0)
+
+
+def test_a_senders_lowest_unfinished_push_is_the_one_waiting_in_an_open_round():
+    rounds = _rounds(num_workers=2, keys=("w", "b"))
+    rounds.join("w", 0, "a", 4, 1.0, now=0.0)
+    rounds.join("b", 0, "a", 6, 1.0, now=0.0)
+    assert rounds.lowest_open("a", 9) == 4  # push 4 is not applied anywhere yet
+    assert rounds.lowest_open("a", 3) == 3 and rounds.lowest_open("c", 9) == 9
+    rounds.join("w", 1, "c", 0, 1.0, now=0.0)
+    rounds["w"].finish()
+    assert rounds.lowest_open("a", 9) == 6

@@ -62,3 +62,11 @@ def test_staleness_zero_waits_for_every_rank_and_names_the_slowest():
 def test_bad_staleness_is_refused(bad):
     with pytest.raises(ValueError, match="staleness must be a non-negative int"):
         check_staleness("dist_ssp", bad)
+
+
+def test_a_senders_rank_is_learnt_from_its_pushes_and_kept_for_the_next_run():
+    c = Clocks(staleness=0, num_workers=2)
+    c.pushed("a", 1, ["w"])
+    assert c.ranks == {"a": 1} and c.of("w") == {0: 0, 1: 1}
+    c.reset(3)
+    assert c.ranks == {"a": 1} and c.of("w") == {0: 0, 1: 0, 2: 0}

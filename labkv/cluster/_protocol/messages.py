@@ -28,11 +28,9 @@ shape, with :func:`piece_specs` on both sides.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-import cloudpickle
 import numpy as np
 
 from ...compression import wire_nbytes
@@ -237,43 +235,3 @@ def pack_values(
             positions.append(i)
             bigs.append(big(value))
     return Values(positions, small(smalls) if smalls else None, bigs)
-
-
-# -- a replicated server's log entries (see _replication) ---------------------------------
-def encode_entry(
-    index: int, updates: list[tuple[Key, Any]], pushes: list[tuple], note: tuple | None = None
-) -> tuple:
-    """A log entry as it travels: ``(index, small, bigs)``, the pushes and the
-    values under ``PACK_BELOW`` bytes pickled into one ``bytes`` (Dask would
-    serialise a list of 200 small arrays one by one), the big values as their
-    own frames. ``note``: what the entry says of a failed dist_sync update,
-    ``("failed", error, {sender: {key: seq}})`` (the error, and the ranks it is
-    still owed to) or ``("told", sender, keys)`` (the primary told ``sender``
-    of the earliest failure of each key), or of a dist_ssp push, ``("clock",
-    rank)`` (the rank whose clocks it advances); cloudpickled, as an updater's
-    error may be of a class defined in a notebook."""
-    big = [i for i, (_, v) in enumerate(updates) if v is not None and v.nbytes >= PACK_BELOW]
-    small = [u for i, u in enumerate(updates) if i not in big]
-    noted = None if note is None else cloudpickle.dumps(note)
-    blob = pickle.dumps((small, big, [updates[i][0] for i in big], pushes, noted), protocol=5)
-    return index, blob, [updates[i][1] for i in big]
-
-
-def decode_entry(entry: tuple) -> tuple[int, list[tuple[Key, Any]], list[tuple], tuple | None]:
-    """The ``(index, updates, pushes, note)`` of :func:`encode_entry`, updates in
-    their order (an optimizer's update count, read by its schedule, follows that order).
-
-    >>> entry = encode_entry(4, [("a", np.ones(2)), ("b", np.zeros(1 << 14))], [("s", "a", 0)])
-    >>> len(entry[2])  # the big value travels as its own frame
-    1
-    >>> index, updates, pushes, note = decode_entry(entry)
-    >>> index, [k for k, _ in updates], pushes, note
-    (4, ['a', 'b'], [('s', 'a', 0)], None)
-    """
-    index, blob, bigs = entry
-    small, big, big_keys, pushes, noted = pickle.loads(blob)
-    updates, smalls = [], iter(small)
-    placed = dict(zip(big, zip(big_keys, bigs, strict=True), strict=True))
-    for i in range(len(small) + len(big)):
-        updates.append(placed[i] if i in placed else next(smalls))
-    return index, updates, pushes, None if noted is None else pickle.loads(noted)

@@ -24,19 +24,17 @@ Choices made here, and why:
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from ..._interrupts import sigint_held
-from .._errors import ClusterError
+from .._errors import CallTimedOut, ClusterError
 from .._protocol.messages import Pull, Push, encode
 from .._protocol.packing import sealable
 from .._transport.base import ServerLink, wait_all
-from .failover import is_lost, kept_copy
 from .holding import Holding
+from .split import kept_copy
 
 #: Pushes of at least this many bytes (all servers together) are waited for.
 ACK_ABOVE = 1 << 20
@@ -86,10 +84,6 @@ class Calls:
         loop = links[0].loop if links else None
         self.holding = None if loop is None else Holding(self._send_push, loop)
         self.closed: str | None = None  # why no call may be made any more
-        # Replicated servers (see _replicas): pushes are kept until acknowledged,
-        # and a call that finds its primary lost fails over and is made again.
-        self.replicated = any(getattr(link, "replicated", False) for link in links)
-        self.told: set[tuple] = set()  # the failed updates raised here (see _told_before)
         self.interrupted: list[tuple[int, Any]] = []  # calls whose wait was interrupted
 
     def sending(self, what: str) -> _Sending:
@@ -124,119 +118,24 @@ class Calls:
         return self.send(s, "push", msg)
 
     def wait(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
-        """Results of in-flight calls ``(server, future)``, in order; when the
-        wait is interrupted (not by an ``Exception``) or times out, the calls
-        not answered are waited for before the next call leaves (see module
-        doc): they were sent, and may still take effect."""
+        """Results of in-flight calls ``(server, future)``, in order (a
+        replicated link fails over inside its calls); when the wait is
+        interrupted (not by an ``Exception``) or times out, the calls not
+        answered are waited for before the next call leaves (see module doc):
+        they were sent, and may still take effect."""
+        links = self.links
         try:
-            if self.replicated:
-                return self._wait_replicated(calls, what)
-            links = self.links
             return wait_all(
                 [(links[s], f) for s, f in calls], what, self.timeout, self.on_server_error
             )
-        except Exception as exc:
-            if getattr(exc, "_labkv_timeout", False):  # unanswered: may still take effect
-                self.interrupted.extend((s, f) for s, f in calls if not f.done())
+        except CallTimedOut:  # unanswered: may still take effect
+            self.interrupted.extend((s, f) for s, f in calls if not f.done())
             raise
-        except BaseException:
+        except Exception:
+            raise
+        except BaseException:  # an interrupt: every call may still take effect
             self.interrupted.extend(calls)
             raise
-
-    def _wait_replicated(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
-        """:meth:`wait` with failover: a call whose primary is lost waits for the
-        failover (the kept pushes replayed), then is made again on the new
-        primary (a push not: the replay carried it). A failed update this rank
-        was already told of is not raised again: the call is made again."""
-        results, first_error = [], None
-        for s, future in calls:
-            link = self.links[s]
-            while True:
-                stale = getattr(future, "generation", link.generation) != link.generation
-                if stale and not future.done():
-                    # Made on a primary replaced since: its wait would watch the new
-                    # primary, alive, while the call sits on the dead one's connection.
-                    future = self._again(link, future)
-                    if future is None:  # a push: the failover's replay carried it
-                        results.append(None)
-                        break
-                    continue
-                try:
-                    others = [(o, f) for o, f in calls if o != s]
-                    tick = functools.partial(self._fail_over_lost, others) if others else None
-                    waited = wait_all([(link, future)], what, self.timeout, on_tick=tick)
-                    results.append(waited[0])
-                    break
-                except Exception as exc:
-                    if self._told_before(exc):
-                        future = self._again(link, future)
-                        if future is None:
-                            results.append(None)
-                            break
-                        continue
-                    if hasattr(exc, "_labkv_server") and self.on_server_error is not None:
-                        self.on_server_error(exc)
-                    if not (is_lost(exc) and getattr(link, "replicated", False)):
-                        first_error = first_error or exc
-                        results.append(None)
-                        break
-                generation = getattr(future, "generation", link.generation)
-                try:
-                    link.fail_over(self.sender, self.sent[s], generation, self.timeout)
-                except Exception as exc:
-                    first_error = first_error or exc
-                    results.append(None)
-                    break
-                future = self._again(link, future)
-                if future is None:
-                    results.append(None)
-                    break
-        for link in self.links:
-            if getattr(link, "stale", False):
-                with contextlib.suppress(Exception):  # a lost primary: the next call fails over
-                    link.refresh(self.timeout)
-            if (
-                getattr(link, "replicated", False) and link.short()
-            ):  # no worker was free to seed a replica on: look again
-                link.on_failover(link.sid, None, link.addresses())
-        if first_error is not None:
-            raise first_error
-        return results
-
-    def _fail_over_lost(self, calls: list[tuple[int, Any]]) -> None:
-        """While one call of a wait is waited for, fail over the other servers
-        of the wait whose primary is known lost: the call waited for may need
-        them (the slices of a key vote on each update), and their calls are
-        made again when the wait reaches them."""
-        for s, future in calls:
-            link = self.links[s]
-            if getattr(link, "replicated", False) and link.lost() is not None:
-                generation = getattr(future, "generation", link.generation)
-                with contextlib.suppress(Exception):  # raised again when s is waited for
-                    link.fail_over(self.sender, self.sent[s], generation, self.timeout)
-
-    def _told_before(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is a failed update this rank has raised already (a
-        primary that told it, then died before the backups learned so, is
-        followed by one that tells it again); notes it as told if not."""
-        update = getattr(exc, "_labkv_update", None)
-        if update is None:
-            return False
-        told = (update["server"], tuple(sorted(update["seqs"].items(), key=repr)))
-        if told in self.told:
-            return True
-        self.told.add(told)
-        return False
-
-    @staticmethod
-    def _again(link: ServerLink, future: Any) -> Any:
-        """The call of ``future`` made again after a failover (None for a push)."""
-        method, args = getattr(future, "method", "push"), getattr(future, "args", ())
-        if method == "push":
-            return None
-        if method == "pull":  # the pushes it carried were replayed with the others
-            args = (args[0]._replace(pushes=()),)
-        return link.call(method, *args)
 
     def call_each(self, method: str, args: dict[int, tuple]) -> list[tuple[int, Any]]:
         """``method(*args[s])`` on each server ``s`` of ``args``; ``(server,
@@ -267,23 +166,23 @@ class Calls:
         """Send one push message per server (call it inside :meth:`sending`, with
         the numbers' taking); the calls to give :meth:`finish_pushes`.
         Not waited for: held when that helps (see module doc), else in flight.
-        Replicated servers: each push is kept until acknowledged; with
-        ``keep_copies``, a waited-for push (it lends the caller's arrays) is kept
-        as a copy, made while it travels (the caller cannot change its arrays
-        before ``push`` returns). Not towards a primary in this process: if that
-        one is lost, so is this rank."""
+        Each push is given to its link to keep (a replicated one keeps it until
+        acknowledged); with ``keep_copies``, a waited-for push (it lends the
+        caller's arrays) is kept as a copy, made while it travels (the caller
+        cannot change its arrays before ``push`` returns). Not towards a
+        primary in this process: if that one is lost, so is this rank."""
+        links = self.links
         calls, hold, lent = [], [], []
-        if self.replicated:
-            for s, msg in messages:
-                if wait and keep_copies and not self.links[s].same_process:
-                    lent.append((s, msg))
-                else:
-                    self.links[s].keep(msg.header.seq, msg)
+        for s, msg in messages:
+            if wait and keep_copies and not links[s].same_process:
+                lent.append((s, msg))
+            else:
+                links[s].keep(msg.header.seq, msg)
         for s, msg in messages:
             # Held: a copied push to a server in this process, or one that travels
             # as one frame (folded into a pull, it keeps that pull one pickled frame).
             if not wait and self.holding is not None:
-                if self.links[s].same_process:
+                if links[s].same_process:
                     hold.append((s, msg))
                     continue
                 if sealable(msg):
@@ -291,12 +190,9 @@ class Calls:
                     continue
             calls.append((s, self.call(s, "push", msg)))
         for s, msg in hold:  # after the calls above: call() sends what was held first
-            held = self.holding.hold(s, msg)
-            if self.replicated:
-                held.generation = self.links[s].generation
-            self.inflight.append((s, held))
+            self.inflight.append((s, links[s].track("push", self.holding.hold(s, msg))))
         for s, msg in lent:
-            self.links[s].keep(msg.header.seq, kept_copy(msg))
+            links[s].keep(msg.header.seq, kept_copy(msg))
         return calls
 
     def finish_pushes(self, calls: list[tuple[int, Any]], wait: bool) -> None:

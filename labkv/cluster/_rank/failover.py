@@ -3,35 +3,37 @@
 A :class:`ReplicatedLink` calls the primary, and keeps every push the rank
 sent it until a reply says that push is applied on every live replica (each
 push or pull reply of a replicated server is ``(acked, epoch, payload)``: the
-sender's pushes before ``acked`` are acknowledged). When a call finds the
-primary lost (the scheduler dropped its worker, or the connection broke),
-:meth:`ReplicatedLink.fail_over` promotes the next live replica and replays
-the kept pushes to it; the new primary skips what it already applied (see
-``_replication``), so a push is never counted twice. The waiting code then
-calls again what had failed (:meth:`labkv.cluster._rank.calls.Calls.wait`). Control methods
-(init, updaters, optimizer states, run control) go to every replica.
+sender's pushes before ``acked`` are acknowledged). Control methods (init,
+updaters, optimizer states, run control) go to every replica
+(``Method.broadcast`` in :mod:`labkv.cluster._protocol.methods`).
+
+The link owns its failover, as httpx keeps retries inside its transport: a
+:class:`Call` that finds the primary lost (the scheduler dropped its worker,
+or the connection broke) has its link promote the next live replica and
+replay the kept pushes to it (the new primary skips what it already applied,
+see the server's replication log, so a push is never counted twice), then
+makes itself again on the new primary: a push not (the replay carried it), a
+pull without the pushes it carried (they were replayed with the others). A
+failed update the rank was already told of (its primary told it, then died
+before its backups learned so) is not raised twice: the call is made again.
+The callers above the seam see a link that fails only when every replica of
+its server is gone.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from .._errors import TIMEOUTS, ClusterError
-from .._protocol.messages import Peer, Push
-from .._transport.base import ServerLink
-
-#: Methods every replica runs (the others go to the primary only).
-BROADCAST = frozenset(
-    {"init", "set_updater", "set_optimizer", "set_states", "configure", "abort", "link"}
-)
-#: Methods whose reply is ``(acked, epoch, payload)``.
-ACKNOWLEDGED = frozenset({"push", "pull", "replay"})
+from .._errors import TIMEOUTS, ClusterError, ServerLost, answered_by, failed_update, is_lost
+from .._options import DEFAULT_TIMEOUT_S
+from .._protocol.messages import Peer
+from .._protocol.methods import method as _method
+from .._transport.base import ServerLink, Waitable
 
 MakeLink = Callable[[int, str, str], ServerLink]
 #: How often a store whose server lacks a replica asks for a new one again.
@@ -44,54 +46,93 @@ def _failed(exc: BaseException) -> concurrent.futures.Future:
     return future
 
 
-def kept_copy(msg: Push) -> Push:
-    """``msg`` with its own copies of the big arrays it lends (its packed
-    buffer is already its own)."""
-    return msg._replace(bigs=[np.array(b) for b in msg.bigs])
-
-
-def is_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` says a server is lost (not an answer it gave)."""
-    return getattr(exc, "_labkv_lost", False)
-
-
 class Call:
     """A call through a :class:`ReplicatedLink`: the primary's future (plus the
-    backups' for a broadcast), unwrapped when read; it remembers what it called
-    so that it can be called again after a failover."""
+    backups' for a broadcast), unwrapped when read. :meth:`result` fails over
+    and makes the call again (see module doc); ``acknowledge``: the reply is
+    ``(acked, epoch, payload)`` (a tracked held push's future has none)."""
 
-    __slots__ = ("inner", "others", "link", "method", "args", "generation")
+    __slots__ = ("acknowledge", "args", "generation", "inner", "link", "method", "others")
 
-    def __init__(self, link: ReplicatedLink, method: str, args: tuple, inner: Any, others: list):
-        self.link, self.method, self.args, self.inner, self.others = (
-            link,
-            method,
-            args,
-            inner,
-            others,
-        )
+    def __init__(
+        self,
+        link: ReplicatedLink,
+        method: str,
+        args: tuple,
+        inner: Waitable,
+        others: list[Waitable],
+        acknowledge: bool,
+    ):
+        self.link, self.method, self.args = link, method, args
+        self.inner, self.others, self.acknowledge = inner, others, acknowledge
         self.generation = link.generation
 
-    def result(self, timeout: float | None = None) -> Any:
+    def reply(self, timeout: float | None = None) -> Any:
+        """The answer to the call as made, without failover: the primary's reply
+        (its acknowledgement taken), once the backups answered too (a backup
+        that is gone is no error here, its own answer is)."""
         out = self.inner.result(timeout)
-        for other in self.others:  # a backup that is gone is no error here
+        for other in self.others:
             try:
                 other.result(timeout)
             except TIMEOUTS:
                 raise
             except Exception as exc:
-                if getattr(exc, "_labkv_server", None) is not None:  # the backup's answer
+                if answered_by(exc) is not None:
                     raise
-        if self.method in ACKNOWLEDGED:
-            return self.link.acknowledged(out)
-        return out
+        return self.link.acknowledged(out) if self.acknowledge else out
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The reply, waiting at most ``timeout`` each time the call is made: a
+        lost primary is failed over, and the call made again on the new one
+        (a push returns None then: the replay carried it)."""
+        link = self.link
+        while True:
+            if self.generation != link.generation and not self.inner.done():
+                # Made on a primary replaced since: its wait would watch the new
+                # primary, alive, while the call sits on the dead one's connection.
+                if not self._again():
+                    return None
+                continue
+            try:
+                out = self.reply(timeout)
+            except TIMEOUTS as exc:
+                if answered_by(exc) is not None or link.primary_lost() is None:
+                    raise  # not answered yet: the caller waits on
+            except Exception as exc:
+                if link.told_before(exc):
+                    if not self._again():
+                        return None
+                    continue
+                if not is_lost(exc):
+                    raise
+            else:
+                link.after_reply()
+                return out
+            link.fail_over(self.generation)
+            if not self._again():
+                return None
+
+    def _again(self) -> bool:
+        """Make the call again on the link's primary of now; False for a push."""
+        if self.method == "push":
+            return False
+        if self.method == "pull":  # the pushes it carried were replayed with the others
+            self.args = (self.args[0]._replace(pushes=()),)
+        self.inner, self.others = self.link.send(self.method, self.args)
+        self.generation = self.link.generation
+        return True
 
     def done(self) -> bool:
+        """Whether every replica called has answered the call as made."""
         return self.inner.done() and all(o.done() for o in self.others)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The error of :meth:`reply`, or None: what a done-callback reads (it
+        runs on the link's loop, where no failover may wait; the call's waiter
+        fails over)."""
         try:
-            self.result(timeout)
+            self.reply(timeout)
         except TIMEOUTS:
             raise
         except BaseException as exc:
@@ -99,18 +140,17 @@ class Call:
         return None
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """``fn(call)`` once the primary has answered (on the link's loop)."""
         self.inner.add_done_callback(lambda _: fn(self))
 
 
 class ReplicatedLink(ServerLink):
     """Server ``sid`` as its replicas ``members`` (``(address, actor key)``,
     primary first), each reached through ``make_link(sid, address, actor_key)``
-    (or the given ``links``); ``on_failover(sid, old, replicas)`` hears each
-    failover this link makes (``old``: the lost primary's worker) and each
-    backup it learns is lost (``old`` None); ``on_promoted(link)`` hears of a
-    new primary before the kept pushes are replayed to it."""
-
-    replicated = True
+    (or the given ``links``); ``alive(address)`` says whether the scheduler
+    still has a worker (None: only the member links' own news of a loss).
+    :meth:`bind` tells it whose calls it carries, and who hears of its
+    failovers."""
 
     def __init__(
         self,
@@ -118,30 +158,34 @@ class ReplicatedLink(ServerLink):
         members: list[tuple[str, str]],
         make_link: MakeLink,
         links: list[ServerLink] | None = None,
-        on_failover: Callable[[int, str | None, list[str]], None] | None = None,
+        *,
         alive: Callable[[str], bool] | None = None,
-        on_promoted: Callable[[ReplicatedLink], None] | None = None,
     ):
         self.members = [Peer._make(m) for m in members]
-        self.on_promoted = on_promoted
         super().__init__(sid, self.members[0].address)
-        self.make_link, self.on_failover, self.alive = make_link, on_failover, alive
+        self.make_link, self.alive = make_link, alive
         if links is None:
             links = [make_link(sid, m.address, m.actor_key) for m in self.members]
         self.links = dict(zip(self.members, links, strict=True))
         self.loop = links[0].loop
+        self.sender, self.timeout = "", DEFAULT_TIMEOUT_S
+        self.on_failover: Callable[[ReplicatedLink, str | None], None] | None = None
+        self.on_promoted: Callable[[ReplicatedLink], None] | None = None
         self.kept: dict[int, Any] = {}  # seq -> a push not yet acknowledged
+        self.sent = 0  # pushes this link's sender sent (the next one's number)
         self.lock = threading.Lock()  # kept pushes: the rank's thread and its loop's
         self.failing = threading.Lock()  # one failover at a time
         self.epoch = 0  # the group's epoch in the last reply
         self.stale = False  # a reply named a newer epoch: refresh the members
         self.generation = 0  # failovers made by this link
         self.gone: list[Peer] = []  # replicas known lost
+        self.told: set[tuple] = set()  # the failed updates raised (see told_before)
         self.wanted = len(self.members)  # how many replicas the group should have
         self._retry_at = 0.0  # when to ask for a missing replica again
 
     @property
     def primary(self) -> ServerLink:
+        """The link to the primary replica."""
         return self.links[self.members[0]]
 
     @property
@@ -152,23 +196,34 @@ class ReplicatedLink(ServerLink):
     def server(self) -> Any:  # type: ignore[override]
         return self.primary.server
 
-    def listen(
+    def bind(
         self,
-        on_failover: Callable[[int, str | None, list[str]], None],
-        on_promoted: Callable[[ReplicatedLink], None],
+        sender: str,
+        timeout: float,
+        on_failover: Callable[[ReplicatedLink, str | None], None] | None = None,
+        on_promoted: Callable[[ReplicatedLink], None] | None = None,
     ) -> None:
-        """Tell ``on_failover`` and ``on_promoted`` (see the class doc) of what
-        this link does from now on (a store listens to its links)."""
+        """Carry the calls of ``sender`` (whose kept pushes a failover replays),
+        waiting at most ``timeout`` for a step of a failover; ``on_failover(link,
+        old)`` hears of each failover (``old``: the lost primary's worker) and
+        of each lost backup (``old`` None); ``on_promoted(link)`` of a new
+        primary before the kept pushes are replayed to it."""
+        self.sender, self.timeout = sender, timeout
         self.on_failover, self.on_promoted = on_failover, on_promoted
 
-    def addresses(self) -> list[str]:
-        """The workers of the replicas, primary first."""
+    def replicas(self) -> list[str]:
         return [m.address for m in self.members]
 
     # -- calls ----------------------------------------------------------------------------
     def call(self, method: str, *args: Any) -> Call:
+        inner, others = self.send(method, args)
+        return Call(self, method, args, inner, others, _method(method).acknowledged)
+
+    def send(self, method: str, args: tuple) -> tuple[Waitable, list[Waitable]]:
+        """``method(*args)`` on the primary, and on every backup for a broadcast:
+        the futures (a call that cannot be made is a failed one)."""
         others = []
-        if method in BROADCAST:
+        if _method(method).broadcast:
             for m in self.members[1:]:
                 try:
                     others.append(self.links[m].call(method, *args))
@@ -178,12 +233,15 @@ class ReplicatedLink(ServerLink):
             inner = self.primary.call(method, *args)
         except ClusterError as exc:
             inner = _failed(exc)
-        return Call(self, method, args, inner, others)
+        return inner, others
+
+    def track(self, method: str, future: Waitable) -> Call:
+        return Call(self, method, (), future, [], acknowledge=False)
 
     def keep(self, seq: int, msg: Any) -> None:
-        """Keep push ``msg`` (the ``seq``-th to this server) until it is acknowledged."""
         with self.lock:
             self.kept[seq] = msg
+            self.sent = max(self.sent, seq + 1)
 
     def acknowledged(self, reply: tuple) -> Any:
         """Forget the pushes a reply ``(acked, epoch, payload)`` acknowledges; the payload."""
@@ -195,25 +253,54 @@ class ReplicatedLink(ServerLink):
             self.epoch, self.stale = epoch, True
         return payload
 
-    def lost(self) -> str | None:
+    def told_before(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a failed update this link has raised already (a
+        primary that told it, then died before the backups learned so, is
+        followed by one that tells it again); notes it as told if not."""
+        failure = failed_update(exc)
+        if failure is None:
+            return False
+        told = (failure.server, tuple(sorted(failure.seqs.items(), key=repr)))
+        if told in self.told:
+            return True
+        self.told.add(told)
+        return False
+
+    def primary_lost(self) -> str | None:
+        """Why the primary is known lost, or None."""
         why = self.primary.lost()
         if why is None and self.alive is not None and not self.alive(self.address):
             why = f"the scheduler no longer has its worker {self.address}"
         return why
 
-    def lost_error(self, exc: BaseException) -> ClusterError:
-        error = self.primary.lost_error(exc)
-        error._labkv_lost = True
-        return error
+    def lost_error(self, exc: BaseException) -> ServerLost:
+        return self.primary.lost_error(exc)
 
-    # -- failover ---------------------------------------------------------------------------
-    def refresh(self, timeout: float) -> None:
+    def tend(self) -> None:
+        """Fail over now if the primary is known lost: a call of another server
+        waited for may need this one (the slices of a key vote on each update);
+        this link's own calls are made again when they are waited for."""
+        if self.primary_lost() is not None:
+            with contextlib.suppress(Exception):  # raised again when its call is waited for
+                self.fail_over(self.generation)
+
+    def after_reply(self) -> None:
+        """After a reply, in the waiting thread: learn the group of a newer
+        epoch, and ask for a missing replica again (see :meth:`short`)."""
+        if self.stale:
+            with contextlib.suppress(Exception):  # a lost primary: the next call fails over
+                self.refresh()
+        if self.short():
+            self.on_failover(self, None)
+
+    # -- the group --------------------------------------------------------------------------
+    def refresh(self) -> None:
         """Learn the group's replicas from the primary (after a re-seed)."""
-        epoch, members = self.primary.call("members").result(timeout)
+        epoch, members = self.primary.call("members").result(self.timeout)
         before = len(self.members)
         self.adopt(epoch, members)
         if len(self.members) < before and self.on_failover is not None:
-            self.on_failover(self.sid, None, self.addresses())
+            self.on_failover(self, None)
 
     def adopt(self, epoch: int, members: list[tuple[str, str]]) -> None:
         """Use the group ``members`` (primary first) of ``epoch``."""
@@ -223,6 +310,10 @@ class ReplicatedLink(ServerLink):
                 self.links[m] = self.make_link(self.sid, m.address, m.actor_key)
         self.members, self.address = members, members[0].address
         self.epoch, self.stale = epoch, False
+
+    def prune(self, live: set[str]) -> None:
+        """Forget the replicas on workers not in ``live``."""
+        self.members = [m for m in self.members if m.address in live]
 
     def short(self) -> bool:
         """Whether the group lacks a replica and it is time to ask for one again
@@ -237,19 +328,18 @@ class ReplicatedLink(ServerLink):
         """A new replica (re-seeded by this process) and its link."""
         self.links[Peer._make(peer)] = link
 
-    def fail_over(self, sender: str, sent: int, generation: int, timeout: float) -> None:
-        """The primary is lost (a call of ``generation`` found it so): promote the
-        next live replica and replay this sender's pushes not yet acknowledged
-        (``sent``: how many it has sent to this server). Raises naming the
-        server and every worker of it when no replica is left."""
+    def fail_over(self, generation: int | None = None) -> None:
+        """The primary is lost (a call of ``generation`` found it so; None:
+        whatever the calls saw): promote the next live replica and replay the
+        sender's pushes not yet acknowledged. Raises :class:`ServerLost`
+        naming the server and every worker of it when no replica is left."""
         # Not under self.lock: the loop thread takes it to read replies, and
         # promote's reply comes through that loop.
         with self.failing:
-            self._fail_over(sender, sent, generation, timeout)
+            if generation is None or generation == self.generation:  # else: done already
+                self._fail_over()
 
-    def _fail_over(self, sender: str, sent: int, generation: int, timeout: float) -> None:
-        if generation != self.generation:
-            return  # another call of this rank already failed over
+    def _fail_over(self) -> None:
         old = self.members[0]
         self.gone.append(old)
         for m in self.members[1:]:
@@ -258,16 +348,17 @@ class ReplicatedLink(ServerLink):
         for candidate in [m for m in self.members if m not in self.gone]:
             try:
                 lost = [tuple(m) for m in self.gone]
-                epoch, members = self.links[candidate].call("promote", lost).result(timeout)
+                call = self.links[candidate].call("promote", lost)
+                epoch, members = call.result(self.timeout)
             except Exception as exc:
-                if getattr(exc, "_labkv_server", None) is not None and not is_lost(exc):
+                if answered_by(exc) is not None:  # its own refusal, not its loss
                     raise
                 self.gone.append(candidate)
                 continue
             break
         else:
             gone = [m.address for m in dict.fromkeys(self.gone)]
-            raise ClusterError(
+            raise ServerLost(
                 f"server {self.sid} is lost: every replica of it is gone (Dask workers "
                 f"{gone}), with its keys' values and optimizer states"
             )
@@ -275,32 +366,16 @@ class ReplicatedLink(ServerLink):
         if self.on_promoted is not None:
             self.on_promoted(self)
         with self.lock:
-            first = min(self.kept) if self.kept else sent
+            first = min(self.kept) if self.kept else self.sent
             pushes = [self.kept[q] for q in sorted(self.kept)]
         self.generation += 1
         try:
-            reply = self.primary.call("replay", sender, first, pushes).result(timeout)
+            reply = self.primary.call("replay", self.sender, first, pushes).result(self.timeout)
         except TIMEOUTS:
             raise ClusterError(
                 f"server {self.sid}'s new primary on {self.address} did not take the "
-                f"{len(pushes)} pushes not yet acknowledged within {timeout:g} s"
+                f"{len(pushes)} pushes not yet acknowledged within {self.timeout:g} s"
             ) from None
         self.acknowledged(reply)
         if self.on_failover is not None:
-            self.on_failover(self.sid, old.address, self.addresses())
-
-
-def check_replicated_updater(updater: Any, pieces: dict, sync: bool, ssp: bool) -> None:
-    """Refuse a custom updater on a sliced key of a replicated dist_ssp store
-    (its clocks of a sliced key's pushes, which tick as they arrive, are not
-    replicated with the updates server 0 orders), before anything is sent."""
-    if updater is None or sync or not ssp:
-        return
-    sliced = [k for k, placed in pieces.items() if len(placed) > 1]
-    if sliced:
-        raise ValueError(
-            f"a custom updater on keys sliced across servers ({sliced[:5]}) is not "
-            "available in a dist_ssp store with replicas > 1; use an optimizer "
-            "(set_optimizer), a dist_sync or dist_async store, or a larger bigarray_bound "
-            "so that these keys are not sliced"
-        )
+            self.on_failover(self, old.address)

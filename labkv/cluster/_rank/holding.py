@@ -1,6 +1,6 @@
 """Small pushes a rank holds back, to fold them into its next pull.
 
-A push that is not waited for (below ``_ACK_ABOVE`` bytes, see ``_store``)
+A push that is not waited for (below :data:`.calls.ACK_ABOVE` bytes)
 and that would travel as one frame is held instead of sent: if the rank's
 next call is a pull of the same server, the push rides along in the pull's
 message (one message each way per push+pull instead of two, on both event

@@ -140,6 +140,31 @@ def push_message(
     return Push(header, values.packed, values.bigs)
 
 
+def kept_copy(msg: Push) -> Push:
+    """``msg`` with its own copies of the big arrays it lends (its packed
+    buffer is already its own), to be kept for a resend."""
+    return msg._replace(bigs=[np.array(b) for b in msg.bigs])
+
+
+def same_push(kept: list[tuple[Any, list[np.ndarray]]], items: list) -> bool:
+    """Whether ``items`` push exactly the values ``kept`` (keys, order, bits).
+
+    >>> one = np.ones(2, np.float32)
+    >>> same_push([("w", [one.copy()])], [("w", [one])]), same_push([("w", [one])], [("w", [one * 2])])
+    (True, False)
+    """
+    if [k for k, _ in kept] != [k for k, _ in items]:
+        return False
+    for (_, old), (_, new) in zip(kept, items, strict=True):
+        if len(old) != len(new):
+            return False
+        for a, b in zip(old, new, strict=True):
+            b = host(b)
+            if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
+                return False
+    return True
+
+
 def fill_outs(items: list, got: dict[tuple[int, Any], Any], meta: Meta, pieces: Pieces) -> None:
     """Copy each key's pieces ``got[(server, key)]`` into its outs: straight into
     a C-contiguous numpy out slice by slice, else through the joined value."""

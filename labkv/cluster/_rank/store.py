@@ -26,7 +26,6 @@ Choices made here, and why:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections import defaultdict
 from collections.abc import Callable
@@ -35,43 +34,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...events import EventBus
+from ...optimizers import Optimizer
 from ...store import Items, Key, KVStore
-from .._errors import ClusterError
-from .._events import ClusterBus, topic_of
+from .._errors import CallTimedOut, failed_update
 from .._placement import KeyIds, Piece, place
-from .._protocol.messages import InitItem, decode_values, values_items
+from .._protocol.messages import decode_values, values_items
 from .._transport.barrier import EventBarrier
 from .._transport.base import ServerLink
 from . import split as messages
 from .calls import ACK_ABOVE, Calls
-from .failover import ReplicatedLink, check_replicated_updater
-from .settings import StoreUpdaters
-from .streaming import StoreStreaming
+from .failover import ReplicatedLink
+from .keys import send_init, wait_for_owner
+from .settings import Settings
+from .streaming import Streaming
 
 if TYPE_CHECKING:
     from .._options import StoreSpec
 
 
-def _same_push(kept: list[tuple[Key, list[np.ndarray]]], items: Items) -> bool:
-    """Whether ``items`` push exactly the values ``kept`` (keys, order, bits).
-
-    >>> one = np.ones(2, np.float32)
-    >>> _same_push([("w", [one.copy()])], [("w", [one])]), _same_push([("w", [one])], [("w", [one * 2])])
-    (True, False)
-    """
-    if [k for k, _ in kept] != [k for k, _ in items]:
-        return False
-    for (_, old), (_, new) in zip(kept, items, strict=True):
-        if len(old) != len(new):
-            return False
-        for a, b in zip(old, new, strict=True):
-            b = messages.host(b)
-            if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
-                return False
-    return True
-
-
-class DistStore(StoreUpdaters, StoreStreaming, KVStore):
+class DistStore(KVStore):
     """A ``dist_*`` store: rank ``rank`` of ``num_workers`` on shared servers.
 
     Make one with ``labkv.create('dist_sync', cluster=handle)`` (the notebook
@@ -102,16 +83,7 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         self._spec, self._servers = spec, list(servers)
         self._rank, self._num_workers, self._owner = rank, num_workers, owner
         self._handle, self._release = handle, release
-        if handle is not None:  # the notebook's store: events come from the servers
-            self.events = ClusterBus(self._id, self._set_streaming)
-        else:
-            self.events = EventBus(self._id)
-        self._links = links
-        for link in links:
-            if isinstance(link, ReplicatedLink):
-                link.listen(self._failed_over, self._promoted)
-        self._on_replica_lost = on_replica_lost
-        self._streamed = False  # its servers ever streamed events (see close)
+        self._links, self._on_replica_lost = links, on_replica_lost
         # The values of a waited-for push that timed out: the next push, if it is
         # the same, is its retry, and is not sent again (see _push_impl).
         self._timed_out: list[tuple[Key, list[np.ndarray]]] | None = None
@@ -122,9 +94,18 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         self._pieces: dict[Key, list[Piece]] = {}
         self._ids = KeyIds()  # str keys numbered in this process's init order, as MXNet
         self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
-        # With compression: per key, the residuals its last push replaced and
-        # that push's sequence number per server (restored if that push fails).
-        self._residual_undo: dict[Key, tuple[dict, dict[int, int]]] = {}
+        self._settings = Settings(
+            self._calls, spec, self._meta, self._pieces, owner=owner, rank=rank
+        )
+        # The notebook's store: its events come from the servers, while watched.
+        self._streaming = (
+            None
+            if handle is None
+            else Streaming(handle.client, self._id, self._calls, spec.timeout)
+        )
+        self.events = EventBus(self._id) if self._streaming is None else self._streaming.bus
+        for link in links:
+            link.bind(self._calls.sender, spec.timeout, self._failed_over, self._promoted)
 
     # -- identity ----------------------------------------------------------------
     @property
@@ -192,55 +173,52 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
     def configure_ranks(self, num_workers: int) -> None:
         """Tell every server how many ranks a dist_sync round waits for (a run
         sharing this store sets its ranks, then 1 again); no round may be open."""
-        self._all_servers("configure", num_workers)
+        self._calls.all("configure", num_workers)
 
     def flush(self) -> None:
         """Wait for this rank's pushes still in flight (raising their errors)."""
         self._calls.flush()
 
-    # -- talking to servers ------------------------------------------------------------
-    def _call(self, s: int, method: str, *args: Any) -> Any:
-        return self._calls.call(s, method, *args)
+    # -- replicas --------------------------------------------------------------------------
+    def _promoted(self, link: ReplicatedLink) -> None:
+        if self._streaming is not None:
+            self._streaming.promoted(link.primary)
 
-    def _wait_all(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
-        return self._calls.wait(calls, what)
-
-    def _all_servers(self, method: str, *args: Any) -> list[Any]:
-        return self._calls.all(method, *args)
-
-    def _check_replicated_updater(self, updater: Callable | None, pieces: dict) -> None:
-        if self._spec.replicas > 1:
-            ssp = self._spec.staleness is not None
-            check_replicated_updater(updater, pieces, self._spec.sync, ssp)
-
-    def _promoted(self, link: Any) -> None:
-        """A new primary of server ``link.sid`` streams its events (to a watched
-        notebook store) before the pushes not yet acknowledged are replayed to it,
-        so that the monitor counts them too."""
-        if self._handle is None or not self.events.active:
-            return
-        detail = (self.events.detail_interval, self.events.detail_burst)
-        with contextlib.suppress(Exception):  # _failed_over tries again after the replay
-            link.primary.call("streaming", True, *detail).result(self._spec.timeout)
-
-    def _failed_over(self, sid: int, old: str | None, replicas: list[str]) -> None:
-        """Server ``sid`` lost a replica: its link made the next one the primary
-        (``old``: the lost primary's worker), or learnt that a backup is gone
-        (``old`` None). Reported on ``events``; ``on_replica_lost`` (the driver's,
-        see :func:`labkv.cluster._runtime.reseed.replica_lost`) may start a new
-        replica; the spec then names the replicas of now, so that a run sharing
-        the store reaches them."""
-        link = self._links[sid]
-        if old is not None and self._handle is not None and self.events.active:
-            self._set_streaming(True)  # the new primary streams its events too
+    def _failed_over(self, link: ReplicatedLink, old: str | None) -> None:
+        """Server ``link.sid`` lost a replica: its link made the next one the
+        primary (``old``: the lost primary's worker), or learnt that a backup is
+        gone (``old`` None). Reported on ``events``; ``on_replica_lost`` (the
+        driver's, see :func:`labkv.cluster._runtime.reseed.replica_lost`) may
+        start a new replica; the spec then names the replicas of now, so that a
+        run sharing the store reaches them."""
         if old is not None:
-            extra = {"lost": [old], "replicas": link.addresses(), "primary": link.address}
-            self.events.emit(
-                "failover", None, rank=self._rank, server=sid, extra={**extra, "promoted": True}
-            )
+            if self._streaming is not None:
+                self._streaming.failed_over()
+            extra = {"lost": [old], "replicas": link.replicas(), "primary": link.address}
+            extra["promoted"] = True
+            self.events.emit("failover", None, rank=self._rank, server=link.sid, extra=extra)
         if self._on_replica_lost is not None:  # the driver starts a replica in its place
             self._on_replica_lost(self, link, old)
-        self._spec.replica_members[sid] = [tuple(m) for m in link.members]
+        self._spec.replica_members[link.sid] = [tuple(m) for m in link.members]
+
+    # -- updaters, optimizers and their states (see settings.py) ------------------------------
+    def _set_updater_impl(self, updater: Callable) -> None:
+        self._settings.set_updater(updater)
+
+    def _set_optimizer_impl(self, optimizer: Optimizer) -> None:
+        self._settings.set_optimizer(optimizer)
+
+    def _optimizer_states(self) -> tuple[int, dict, dict]:
+        return self._settings.optimizer_states()
+
+    def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
+        self._settings.load_optimizer_states(num_update, counts, states)
+
+    def _residuals_committed(self, replaced: dict) -> None:
+        self._settings.residuals_committed(replaced)
+
+    def _restore_residuals(self, exc: BaseException) -> None:
+        self._settings.restore_residuals(exc, self._compression)
 
     # -- keys ------------------------------------------------------------------------
     def _place(self, key_id: int, size: int) -> list[Piece]:
@@ -260,7 +238,7 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         self._check_key_kinds(keys)
         unknown = [k for k in keys if k not in self._meta]
         if unknown:
-            for found in self._all_servers("keys", unknown):
+            for found in self._calls.all("keys", unknown):
                 for k, meta in found.items():
                     if k not in self._meta:
                         self._learn(k, meta.shape, meta.dtype, meta.key_id)
@@ -270,70 +248,19 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         keys = [k for k, _ in items]
         ids = dict(zip(keys, self._ids.proposed(keys), strict=True))
         placed = {k: self._place(ids[k], int(a.size)) for k, a in items}
-        self._check_replicated_updater(self._updater, placed)
+        self._settings.check_updater(self._updater, placed)
         if self._owner:
-            per_server: dict[int, list] = defaultdict(list)
-            for key, array in items:
-                host = messages.host(array)
-                for s, piece in messages.split(host, placed[key]):
-                    item = InitItem(key, piece, tuple(host.shape), host.dtype.str, ids[key])
-                    per_server[s].append(item)
-            calls = self._calls.call_each("init", {s: (b,) for s, b in per_server.items()})
-            self._wait_all(calls, "init")
+            send_init(self._calls, items, ids, placed)
         else:
-            self._wait_for_owner(items, ids, placed)
+            wait_for_owner(self._calls, items, ids, placed)
         self._ids.assign(keys)
         self._pieces.update(placed)
-
-    def _wait_for_owner(self, items: list[tuple[Key, Any]], ids: dict, placed: dict) -> None:
-        """A non-owner's init: wait until the owner has initialised ``items``
-        where this rank placed them, and check it gave the same shapes, dtypes
-        and ids. A str key the owner numbered otherwise lives elsewhere: every
-        server is asked first (the owner may have initialised it already) and
-        after a wait that timed out, so that the error says why."""
-        named = [k for k, _ in items if isinstance(k, str)]
-        if named:
-            self._check_owner_ids(named, items, ids)
-        per_server: dict[int, list] = defaultdict(list)
-        for key, _ in items:
-            for p in placed[key]:
-                per_server[p.server].append(key)
-        calls = [(s, self._call(s, "wait_keys", keys)) for s, keys in per_server.items()]
-        try:
-            found = self._wait_all(calls, "init (waiting for rank 0)")
-        except ClusterError:
-            mismatch = self._mismatch(named, items, ids) if named else None
-            if mismatch is None:
-                raise
-            raise mismatch from None
-        for meta in found:
-            messages.check_same_init(meta, items, ids)
-
-    def _check_owner_ids(self, keys: list[Key], items: list[tuple[Key, Any]], ids: dict) -> None:
-        """Refuse ``keys`` that the owner has initialised differently (any server)."""
-        found: dict[Key, Any] = {}
-        for metas in self._all_servers("keys", keys):
-            found.update(metas)
-        messages.check_same_init(found, items, ids)  # the first key of items named
-
-    def _mismatch(
-        self, keys: list[Key], items: list[tuple[Key, Any]], ids: dict
-    ) -> ValueError | None:
-        """After a wait for ``keys`` timed out: the error of the owner's other
-        init of one of them, the real cause (None when there is none to see)."""
-        try:
-            self._check_owner_ids(keys, items, ids)
-        except ValueError as exc:
-            return exc
-        except ClusterError:
-            pass  # the servers cannot say: the timeout stands
-        return None
 
     # -- push and pull -------------------------------------------------------------
     def _push_impl(self, items: Items) -> None:
         calls = self._calls
         timed_out, self._timed_out = self._timed_out, None
-        if timed_out is not None and _same_push(timed_out, items):
+        if timed_out is not None and messages.same_push(timed_out, items):
             calls.settle()  # a retry: the push that timed out is the one applied
             return
         calls.reap()
@@ -362,9 +289,8 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
             sent = calls.send_pushes(msgs, wait, keep_copies)
         try:
             calls.finish_pushes(sent, wait)
-        except ClusterError as exc:
-            if getattr(exc, "_labkv_timeout", False):  # sent: it may still be applied
-                self._timed_out = [(k, [messages.host(v).copy() for v in vs]) for k, vs in items]
+        except CallTimedOut:  # sent: it may still be applied
+            self._timed_out = [(k, [messages.host(v).copy() for v in vs]) for k, vs in items]
             raise
 
     def _pull_impl(self, items: Items) -> None:
@@ -395,8 +321,8 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         """
         self._check_known([key])
         pieces = self._pieces[key]
-        calls = [(p.server, self._call(p.server, "peek", [key])) for p in pieces]
-        values = [reply[0] for reply in self._wait_all(calls, "peek")]
+        calls = [(p.server, self._calls.call(p.server, "peek", [key])) for p in pieces]
+        values = [reply[0] for reply in self._calls.wait(calls, "peek")]
         return messages.join(values, *self._meta[key])
 
     # -- barrier, placement, events ------------------------------------------------------
@@ -406,7 +332,7 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
         try:
             self.flush()
         except Exception as exc:
-            if getattr(exc, "_labkv_update", None) is None:
+            if failed_update(exc) is None:
                 raise  # a lost server or a timeout: this rank cannot go on
             # An updater refused a push of this rank: the rank has still reached
             # the barrier, so it enters it (the other ranks must not wait for it
@@ -436,31 +362,24 @@ class DistStore(StoreUpdaters, StoreStreaming, KVStore):
             self._pieces, self._meta, self._spec.server_devices, self._spec.server_addresses
         )
         for pieces in table.values():
-            for piece in pieces:
-                if self._spec.replicas > 1:  # the workers of its replicas, primary first
-                    link = self._links[piece["server"]]
-                    piece["replicas"] = link.addresses()
-                    piece["device"] = piece["device"].split("@")[0] + "@" + link.address
-                else:
-                    piece["replicas"] = [self._spec.server_addresses[piece["server"]]]
+            for piece in pieces:  # the workers of its replicas, primary first
+                link = self._links[piece["server"]]
+                piece["replicas"] = link.replicas()
+                piece["device"] = piece["device"].split("@")[0] + "@" + link.address
         return table
 
     def server_load(self) -> list[dict[str, Any]]:
         """Per server: its device, bytes in/out so far, keys and bytes held,
         messages received."""
-        return self._all_servers("load")
+        return self._calls.all("load")
 
     def close(self) -> None:
         """Release the servers this store started (their keys are dropped); a
         later call on the store raises ``ClusterError`` saying it is closed."""
-        if self._release is not None and self._handle is not None:
+        if self._release is not None and self._streaming is not None:
             self._calls.closed = f"the store {self._id} is closed (its servers were released)"
-            if self.events.active:
-                self._handle.client.unsubscribe_topic(topic_of(self._id))
             release, self._release = self._release, None
-            release()
-            if self._streamed:
-                self._forget_topic()  # the events it left on the scheduler
+            self._streaming.close(release)
 
     def __enter__(self) -> DistStore:
         return self

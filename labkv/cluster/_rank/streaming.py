@@ -5,59 +5,95 @@ stream their events to the store's topic while its event bus has subscribers
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 from .._errors import ClusterError
-from .._events import forget_topic, topic_of
+from .._events import ClusterBus, forget_topic, topic_of
+from .._transport.base import ServerLink
 from .._transport.dask import on_client_loop
+from .calls import Calls
 
-__all__ = ["StoreStreaming"]
+__all__ = ["Streaming"]
 
 
-class StoreStreaming:
-    """:class:`~labkv.cluster._rank.store.DistStore` methods; they use its ``_handle`` (the
-    notebook's cluster handle), ``_id``, ``events``, ``_calls``, ``_streamed``,
-    ``num_servers`` and its ways of calling the servers."""
+class Streaming:
+    """The event stream of the notebook's store ``store_id``: its ``bus``
+    (the store's ``events``) turns its servers' streaming on and off through
+    ``calls``, on the Dask ``client``'s topic of the store; ``timeout``
+    bounds a new primary's answer (:meth:`promoted`)."""
 
-    def _set_streaming(self, on: bool) -> None:
+    def __init__(self, client: Any, store_id: str, calls: Calls, timeout: float):
+        self.client, self.store_id, self.calls, self.timeout = client, store_id, calls, timeout
+        self.bus = ClusterBus(store_id, self.set)
+        self.streamed = False  # its servers ever streamed events (see close)
+
+    def _detail(self) -> tuple[float, int]:
+        return self.bus.detail_interval, self.bus.detail_burst
+
+    def set(self, on: bool) -> None:
+        """Stream the servers' events (``on``), or stop them (the bus's callback)."""
         if not on:
-            self._stop_streaming()
+            self._stop()
             return
-        client = self._handle.client
-        self._streamed = True
-        client.subscribe_topic(topic_of(self._id), self.events.receive)
-        detail = (self.events.detail_interval, self.events.detail_burst)
-        calls = [(s, self._call(s, "streaming", True, *detail)) for s in range(self.num_servers)]
+        self.streamed = True
+        self.client.subscribe_topic(topic_of(self.store_id), self.bus.receive)
+        calls = self.calls
+        sent = [
+            (s, calls.call(s, "streaming", True, *self._detail())) for s in range(len(calls.links))
+        ]
         # Wait, so that the next push is streamed; but never on the client's own
         # loop thread (a subscriber added from an event handler): that would deadlock.
-        if not on_client_loop(client):
-            self._wait_all(calls, "streaming")
+        if not on_client_loop(self.client):
+            calls.wait(sent, "streaming")
 
-    def _stop_streaming(self) -> None:
+    def _stop(self) -> None:
         """Stop the servers' events. After :meth:`close` there is nothing to stop;
         with a server lost, every live server is told first, then the loss is
         raised (the bus has dropped the subscriber by then)."""
-        client = self._handle.client
         with contextlib.suppress(ValueError):  # close() already unsubscribed
-            client.unsubscribe_topic(topic_of(self._id))
-        if self._calls.closed:
+            self.client.unsubscribe_topic(topic_of(self.store_id))
+        if self.calls.closed:
             return
         lost: list[BaseException] = []
-        for s in range(self.num_servers):
+        for s in range(len(self.calls.links)):
             try:
-                call = self._call(s, "streaming", False)
-                if not on_client_loop(client):
-                    self._wait_all([(s, call)], "streaming")
+                call = self.calls.call(s, "streaming", False)
+                if not on_client_loop(self.client):
+                    self.calls.wait([(s, call)], "streaming")
             except (ClusterError, OSError) as exc:
                 lost.append(exc)
-        self._forget_topic()
+        self.forget()
         if lost:
             raise lost[0]
 
-    def _forget_topic(self) -> None:
+    def forget(self) -> None:
         """Drop this store's events from the scheduler (best effort: see
         :func:`._events.forget_topic`)."""
-        client = self._handle.client
-        if on_client_loop(client):
+        if on_client_loop(self.client):
             return
         with contextlib.suppress(Exception):  # the scheduler may be gone
-            client.run_on_scheduler(forget_topic, topic_of(self._id))
+            self.client.run_on_scheduler(forget_topic, topic_of(self.store_id))
+
+    def promoted(self, primary: ServerLink) -> None:
+        """A new primary streams its events (while the bus is watched) before
+        the pushes not yet acknowledged are replayed to it, so that the
+        monitor counts them too."""
+        if not self.bus.active:
+            return
+        with contextlib.suppress(Exception):  # failed_over tries again after the replay
+            primary.call("streaming", True, *self._detail()).result(self.timeout)
+
+    def failed_over(self) -> None:
+        """After a failover: the new primary streams too (while the bus is watched)."""
+        if self.bus.active:
+            self.set(True)
+
+    def close(self, release: Callable[[], None]) -> None:
+        """Stop hearing the store's events, ``release()`` its servers, then drop
+        the events they left on the scheduler."""
+        if self.bus.active:
+            self.client.unsubscribe_topic(topic_of(self.store_id))
+        release()
+        if self.streamed:
+            self.forget()

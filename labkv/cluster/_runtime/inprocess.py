@@ -4,7 +4,17 @@ reached through :class:`InProcessLink` and finding their peers through
 :class:`InProcessHost`; and replicated servers (:class:`InProcessReplicas`)
 reached through :class:`~labkv.cluster._rank.failover.ReplicatedLink` over in-process links, whose
 replicas can die (:meth:`InProcessReplicas.kill`) or be added
-(:meth:`InProcessReplicas.reseed`)."""
+(:meth:`InProcessReplicas.reseed`).
+
+Faults are injected where ps-lite injects them (``PS_DROP_MSG``): in the
+transport, never in the servers. A rank's link can lose the reply of a call
+(:attr:`InProcessLink.die_after`); the calls between servers can be dropped
+(:meth:`InProcessHost.drop`), held back (:meth:`InProcessHost.delay`), or be
+the last a replica makes (:meth:`InProcessHost.die`). Each hook takes the
+calls of one method, from one server (``caller``) and to one (``peer``) if
+told, matching ``match(args)`` if given, lets ``skip`` of them pass and acts
+on the next ``times``.
+"""
 
 from __future__ import annotations
 
@@ -12,27 +22,155 @@ import asyncio
 import pickle
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._protocol.messages import Peer
 from .._rank.failover import ReplicatedLink
 from .._transport.base import Host, ServerLink, _encoded, wait_all
 
+#: Server methods whose arguments the callee keeps: they travel as copies (a
+#: backup keeps the arrays it applies, a seeded replica its snapshot).
+_COPIED = frozenset({"replicate", "seed"})
+
+
+@dataclass
+class Fault:
+    """One fault on the calls between in-process servers (see module doc).
+    ``action``: ``"drop"`` (the call never arrives, nor its reply), ``"delay"``
+    (it arrives ``seconds`` later, or once :meth:`release` is called), or
+    ``"die"`` (its caller dies: ``when`` ``"before"`` the call leaves, once it
+    is ``"sent"``, or once it is ``"answered"``). ``seen``: the matching calls so far."""
+
+    method: str
+    action: str
+    caller: str | None = None
+    peer: str | None = None
+    match: Callable[[list], bool] | None = None
+    skip: int = 0
+    times: int | None = 1
+    seconds: float | None = None
+    when: str = "before"
+    seen: int = 0
+    _released: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def hits(self, caller: str | None, peer: str, method: str, args: list) -> bool:
+        """Whether this call is one to act on (counting it if it matches)."""
+        if method != self.method or self.caller not in (None, caller):
+            return False
+        if self.peer not in (None, peer) or (self.match is not None and not self.match(args)):
+            return False
+        self.seen += 1
+        acted = self.seen - self.skip
+        return acted >= 1 and (self.times is None or acted <= self.times)
+
+    def release(self) -> None:
+        """Let the held calls of a ``"delay"`` fault without ``seconds`` arrive."""
+        self._released.set()
+
+    async def held(self) -> None:
+        if self.seconds is not None:
+            await asyncio.sleep(self.seconds)
+            return
+        while not self._released.is_set():
+            await asyncio.sleep(0.005)
+
+
+async def _never() -> None:
+    await asyncio.get_running_loop().create_future()
+
 
 class InProcessHost(Host):
-    """Servers in this process, found by their ``actor_key`` (their name)."""
+    """Servers in this process, found by their ``actor_key`` (their name). A
+    dead server is unreachable (``dead``: calls to it fail); one that died of
+    a :meth:`die` fault also reaches nobody (``mute``). Each server gets its
+    own view (:meth:`of`), so that a fault knows who calls."""
 
     def __init__(self) -> None:
         self.servers: dict[str, Any] = {}
         self.events: list[tuple[str, Any]] = []
+        self.dead: set[str] = set()
+        self.mute: set[str] = set()
+        self.faults: list[Fault] = []
+        self.on_death: list[Callable[[str], None]] = []
+
+    def of(self, name: str) -> PeerHost:
+        """What the server ``name`` sees of this host."""
+        return PeerHost(self, name)
 
     def log_event(self, topic: str, batch: Any) -> None:
         self.events.append((topic, batch))
 
-    def call_peer(self, peer: Peer, method: str, args: list) -> Any:
-        if method == "replicate":  # a backup keeps the arrays it applies: its own copies
+    def drop(self, method: str, **which: Any) -> Fault:
+        """The matching calls of ``method`` never arrive (nor do their replies)."""
+        return self._add(Fault(method, "drop", **which))
+
+    def delay(self, method: str, seconds: float | None = None, **which: Any) -> Fault:
+        """The matching calls of ``method`` arrive ``seconds`` late (None: once released)."""
+        return self._add(Fault(method, "delay", seconds=seconds, **which))
+
+    def die(self, caller: str, method: str, when: str = "before", **which: Any) -> Fault:
+        """Server ``caller`` dies at its matching call of ``method`` (see :class:`Fault`)."""
+        return self._add(Fault(method, "die", caller=caller, when=when, **which))
+
+    def _add(self, fault: Fault) -> Fault:
+        self.faults.append(fault)
+        return fault
+
+    def kill(self, name: str, mute: bool = False) -> None:
+        """Server ``name`` is unreachable from now on; ``mute``: it reaches nobody either."""
+        self.dead.add(name)
+        if mute:
+            self.mute.add(name)
+        for notify in self.on_death:
+            notify(name)
+
+    def call_peer(self, peer: Peer, method: str, args: list, caller: str | None = None) -> Any:
+        if caller in self.mute:
+            raise OSError(f"{caller} is dead")
+        if peer.actor_key in self.dead:
+            raise OSError(f"{peer.actor_key} is dead")
+        fault = next((f for f in self.faults if f.hits(caller, peer.actor_key, method, args)), None)
+        if fault is not None and fault.action == "die" and fault.when == "before":
+            self.kill(caller, mute=True)
+            raise OSError(f"{caller} died before calling {method}")
+        if method in _COPIED:
             args = pickle.loads(pickle.dumps(args, protocol=5))
-        return getattr(self.servers[peer.actor_key], method)(*args)
+        if fault is None:
+            return getattr(self.servers[peer.actor_key], method)(*args)
+        if fault.action == "drop":
+            return _never()
+        server = self.servers[peer.actor_key]
+        if fault.action == "delay":
+            return self._later(fault, server, method, args)
+        call = getattr(server, method)(*args)
+        if fault.when == "sent":
+            self.kill(caller, mute=True)
+            return call
+        return self._then_die(caller, call)
+
+    async def _later(self, fault: Fault, server: Any, method: str, args: list) -> Any:
+        await fault.held()
+        return await getattr(server, method)(*args)
+
+    async def _then_die(self, caller: str, call: Any) -> Any:
+        try:
+            return await call
+        finally:
+            self.kill(caller, mute=True)
+
+
+class PeerHost(Host):
+    """An :class:`InProcessHost` as the server ``name`` sees it."""
+
+    def __init__(self, shared: InProcessHost, name: str) -> None:
+        self.shared, self.name = shared, name
+
+    def log_event(self, topic: str, batch: Any) -> None:
+        self.shared.log_event(topic, batch)
+
+    def call_peer(self, peer: Peer, method: str, args: list) -> Any:
+        return self.shared.call_peer(peer, method, args, caller=self.name)
 
 
 class InProcessLink(ServerLink):
@@ -77,6 +215,7 @@ class InProcessServers:
         self.thread.start()
         self.host = InProcessHost()
         self.wire = wire
+        self.names: dict[int, str] = {}  # id(server) -> its name
         names = [f"server-{s}" for s in range(num_servers)]
         self.servers = self.start(make, list(range(num_servers)), names)
         peers = [("in-process", name) for name in names]
@@ -87,11 +226,16 @@ class InProcessServers:
         """Servers ``make(sid, host)`` on the loop, found by the host as ``names``."""
 
         async def start() -> list[Any]:
-            return [make(s, self.host) for s in sids]
+            return [make(s, self.host.of(name)) for s, name in zip(sids, names, strict=True)]
 
         servers = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
         self.host.servers.update(zip(names, servers, strict=True))
+        self.names.update((id(sv), name) for sv, name in zip(servers, names, strict=True))
         return servers
+
+    def name_of(self, server: Any) -> str:
+        """The name (actor key) of one of these servers."""
+        return self.names[id(server)]
 
     def close(self) -> None:
         """Cancel what still runs on the loop, then stop the loop and its thread."""
@@ -114,33 +258,18 @@ class InProcessServers:
         self.close()
 
 
-class _MortalHost(InProcessHost):
-    """An in-process host whose servers can die: calls to a dead one fail."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.dead: set[str] = set()
-
-    async def alive(self, address: str) -> bool:
-        return True  # a dead replica's calls fail at once (call_peer)
-
-    def call_peer(self, peer: Peer, method: str, args: list) -> Any:
-        if peer.actor_key in self.dead:
-            raise OSError(f"{peer.actor_key} is dead")
-        return super().call_peer(peer, method, args)
-
-
 class InProcessReplicas(InProcessServers):
     """``num_servers`` server ids of ``replicas`` replicas each, on one loop in
     this process (no Dask): ``replicas_of[s]`` are the server objects of id
     ``s``, primary first; :meth:`rank_links` gives each rank its own links
-    (a link keeps its rank's pushes); :meth:`kill` makes a replica die."""
+    (a link keeps its rank's pushes); :meth:`kill` makes a replica die, and so
+    does a :meth:`InProcessHost.die` fault."""
 
     def __init__(
         self, make: Callable[[int, Any], Any], num_servers: int, replicas: int, wire: bool = True
     ):
         super().__init__(make, 0, wire)
-        self.host = _MortalHost()
+        self.host.on_death.append(self._cut)
         self.num_servers, self.made = num_servers, []
         self.make_server = make
         names = [[f"server-{s}-{r}" for r in range(replicas)] for s in range(num_servers)]
@@ -175,25 +304,29 @@ class InProcessReplicas(InProcessServers):
         self.made.append(link)
         return link
 
+    def _cut(self, name: str) -> None:
+        """The ranks' links to ``name`` are lost."""
+        for link in self.made:
+            if link.actor_key == name:
+                link.gone = True
+
     def rank_links(self) -> list[ReplicatedLink]:
         """A fresh set of links for one rank."""
         return [ReplicatedLink(s, self.members[s], self._link) for s in range(self.num_servers)]
 
     def kill(self, sid: int, replica: int | None = None) -> str:
-        """Replica ``replica`` of server ``sid`` dies (default: its current primary)."""
+        """Replica ``replica`` of server ``sid`` dies (default: its current
+        primary): unreachable from now on, though it still runs (and calls)."""
         if replica is None:
-            name = next(sv for sv in self.servers_by_name(sid) if sv.primary).me.actor_key
+            name = self.name_of(next(sv for sv in self.servers_by_name(sid) if sv.primary))
         else:
             name = self.members[sid][replica][1]
-        self.host.dead.add(name)
-        for link in self.made:
-            if link.actor_key == name:
-                link.gone = True
+        self.host.kill(name)
         return name
 
     def servers_by_name(self, sid: int) -> list[Any]:
         """The live replicas of ``sid``."""
-        return [sv for sv in self.replicas_of[sid] if sv.me.actor_key not in self.host.dead]
+        return [sv for sv in self.replicas_of[sid] if self.name_of(sv) not in self.host.dead]
 
     def reseed(self, sid: int) -> Any:
         """Start a new replica of ``sid`` and have its primary seed it."""
@@ -202,9 +335,8 @@ class InProcessReplicas(InProcessServers):
         )
         name = f"server-{sid}-new{n}"
         (server,) = self.start(self.make_server, [sid], [name])
-        live = self.servers_by_name(sid)
-        group = [tuple(m) for m in live[0].group]
-        primary = next(sv for sv in live if sv.primary)
+        primary = next(sv for sv in self.servers_by_name(sid) if sv.primary)
+        ((_, group),) = self._on_loop([primary.members()])
         self._on_loop([server.join_group([*group, ("in-process", name)], len(group), False)])
         self._on_loop([primary.add_replica(("in-process", name))])
         self.replicas_of[sid].append(server)

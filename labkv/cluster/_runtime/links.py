@@ -17,27 +17,12 @@ from typing import Any
 from .._rank.failover import ReplicatedLink
 from .._rank.store import DistStore
 from .._transport.base import ServerLink
-from .._transport.dask import workers_of
+from .._transport.dask import ActorLink, rank_link, rank_links, task_worker, worker_loop, workers_of
 from .reseed import replica_lost
 
 
 # -- building a store's links ----------------------------------------------------------------
-class _ActorRef:
-    """What a rank's link needs of an actor it has no handle of: its key."""
-
-    _future = None
-
-    def __init__(self, key: str):
-        self.key = key
-
-
-def replicated_links(
-    spec: Any,
-    handle: Any,
-    actors: list[Any] | None,
-    on_failover: Callable[[int, str | None, list[str]], None] | None = None,
-    on_promoted: Callable[[ReplicatedLink], None] | None = None,
-) -> list[ReplicatedLink]:
+def replicated_links(spec: Any, handle: Any, actors: list[Any] | None) -> list[ReplicatedLink]:
     """The links of a store whose servers have replicas (``spec.replica_members``):
     through the ``actors`` handles (all replicas, replica-major, as
     ``start_servers`` returns them) in the notebook (``handle``), else a rank's
@@ -45,7 +30,6 @@ def replicated_links(
     from distributed import Actor
 
     from .._server.actor import Server
-    from .._transport.dask import ActorLink, rank_links
 
     if handle is not None:
 
@@ -63,9 +47,7 @@ def replicated_links(
     else:
 
         def make(sid: int, address: str, key: str) -> ServerLink:
-            (link,) = rank_links([address], [_ActorRef(key)], Server)
-            link.sid = sid
-            return link
+            return rank_link(sid, address, key, Server)
 
         alive = _scheduler_alive()
 
@@ -77,7 +59,7 @@ def replicated_links(
             given = [
                 ActorLink(s, a, actors[r * num_servers + s]) for r, (a, _) in enumerate(members)
             ]
-        links.append(ReplicatedLink(s, members, make, given, on_failover, alive, on_promoted))
+        links.append(ReplicatedLink(s, members, make, given, alive=alive))
     return links
 
 
@@ -85,13 +67,10 @@ def _scheduler_alive() -> Callable[[str], bool] | None:
     """In a rank (a Dask task): whether the scheduler still has a worker, asked
     through the rank's worker. A rank's call to a dead worker can sit in Dask's
     connect retries for 30 s; its waits ask this every ``POLL_S`` instead."""
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except (ImportError, ValueError):
+    worker = task_worker()
+    if worker is None:
         return None
-    loop = worker.loop.asyncio_loop
+    loop = worker_loop(worker)
 
     def alive(address: str) -> bool:
         try:
@@ -110,7 +89,6 @@ def store_links(
     actors' handles, a rank's in-process to the servers on its own worker; one
     :class:`ReplicatedLink` per server id when the servers have replicas."""
     from .._server.actor import Server
-    from .._transport.dask import ActorLink, rank_links
 
     if spec.replicas > 1:
         return replicated_links(spec, handle, replica_actors)

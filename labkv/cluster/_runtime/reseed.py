@@ -6,7 +6,7 @@ The process that owns the cluster handle does it (the notebook's store, or
 :func:`labkv.cluster.run` for its ranks): only a Dask client can start an
 actor. The new replica joins the group unseeded (it takes no log entry before
 its seed), the primary snapshots its state and forwards every later entry to
-it (:meth:`~labkv.cluster._server.replication.group.Membership.add_replica`).
+it (:meth:`~labkv.cluster._server.actor.Server.add_replica`).
 """
 
 from __future__ import annotations
@@ -84,13 +84,13 @@ def heal(
     no replica at all (their keys are lost)."""
     live, dead = set(handle.workers()), []
     for link in links:
-        if link.members[0].address not in live:
+        if link.address not in live:
             try:
-                link.fail_over("labkv-run", 0, link.generation, spec.timeout)
+                link.fail_over()
             except ClusterError:
                 dead.append(link.sid)
                 continue
-        link.members = [m for m in link.members if m.address in live]
+        link.prune(live)
         if len(link.members) < spec.replicas:
             with contextlib.suppress(ClusterError):  # the run goes on with fewer
                 reseed(handle, spec, link, futures, busy)
@@ -116,5 +116,5 @@ def replica_lost(
         else:
             extra = {"added": added}
         if added is not None or "error" in extra:  # None: no free worker, asked again later
-            extra["replicas"] = link.addresses()
+            extra["replicas"] = link.replicas()
             events.emit("reseed", None, rank=rank, server=link.sid, extra=extra)

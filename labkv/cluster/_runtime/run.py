@@ -39,7 +39,7 @@ from .._options import (
 from .._placement import DEFAULT_BIGARRAY_BOUND
 from .._rank.store import DistStore
 from .._transport.barrier import clear_barrier
-from .._transport.dask import raise_if_scheduler_gone, scheduler_gone
+from .._transport.dask import raise_if_scheduler_gone, scheduler_gone, worker_loop
 from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
 from .launch import check_cluster_args, start_servers
@@ -106,7 +106,7 @@ def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> 
     worker = get_worker()
     topic = topic_of(kv.store_id)
     stream = EventStream(kv.events, lambda batch: worker.log_event(topic, batch))
-    loop = worker.loop.asyncio_loop
+    loop = worker_loop(worker)
 
     async def start() -> None:
         stream.start(detail_interval, detail_burst)

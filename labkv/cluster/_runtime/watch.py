@@ -16,12 +16,10 @@ from typing import Any
 import distributed
 
 from ..._interrupts import sigint_held
-from .._errors import TIMEOUTS, ClusterError
-from .._options import (
-    StoreSpec,
-)
+from .._errors import TIMEOUTS, ClusterError, ServerLost
+from .._options import StoreSpec
 from .._transport.barrier import abort_name
-from .._transport.dask import ActorLink, raise_if_scheduler_gone
+from .._transport.dask import ActorLink, actor_address, raise_if_scheduler_gone
 from .connect import ClusterHandle
 from .links import replicated_links
 from .reseed import heal
@@ -39,7 +37,7 @@ def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reas
     run's ranks from now on (best effort: servers may be gone)."""
     calls = []
     for s, actor in enumerate(servers):  # with replicas: every replica, replica-major
-        address = getattr(actor, "_address", None) or spec.server_addresses[s % spec.num_servers]
+        address = actor_address(actor) or spec.server_addresses[s % spec.num_servers]
         with contextlib.suppress(Exception):  # its worker may be gone
             calls.append(ActorLink(s, address, actor).call("abort", reason, spec.group))
     distributed.Event(abort_name(spec.group), client=client).set()
@@ -96,6 +94,8 @@ def _watch(
 ) -> list[tuple[Any, int]]:
     client = handle.client
     links = replicated_links(spec, handle, None) if spec.replicas > 1 else []
+    for link in links:  # the watcher's own failovers replay nothing
+        link.bind("labkv-run", spec.timeout)
     seen: set[str] = set(handle.workers())
 
     def servers_lost(live: set[str]) -> list[int]:
@@ -147,7 +147,7 @@ def _watch(
             exc = future.exception() if future.status == "error" else None
             died = lost_workers()  # a dead worker explains a failed rank best
             deadline = time.monotonic() + 3.0
-            while died is None and "lost" in str(exc) and time.monotonic() < deadline:
+            while died is None and isinstance(exc, ServerLost) and time.monotonic() < deadline:
                 time.sleep(_POLL_S)  # the scheduler may not have removed the worker yet
                 died = lost_workers()
             if died is not None:

@@ -2,12 +2,23 @@
 
 A server keeps each rank's clock per key (ticked after the rank's push); a
 pull of rank r returns once the slowest rank is at most ``staleness`` rounds
-behind r's clock.
+behind r's clock. A pull names its sender, not its rank, so the clocks also
+keep each sender's rank, learnt from its pushes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass
+class ClocksSnapshot:
+    """:class:`Clocks` as a new replica takes it."""
+
+    num_workers: int
+    clocks: dict[Any, list[int]]
+    ranks: dict[str, int]
 
 
 class Clocks:
@@ -35,11 +46,18 @@ class Clocks:
     "rank 0's pull of key 'w' at clock 3 (staleness 1) waits for every rank to reach clock 2; slowest: rank 1 at clock 1 (clocks: {0: 3, 1: 1})"
     """
 
-    __slots__ = ("staleness", "num_workers", "clocks")
+    __slots__ = ("staleness", "num_workers", "clocks", "ranks")
 
     def __init__(self, staleness: int, num_workers: int) -> None:
         self.staleness, self.num_workers = staleness, num_workers
         self.clocks: dict[Any, list[int]] = {}  # key -> clock per rank
+        self.ranks: dict[str, int] = {}  # sender -> its rank
+
+    def pushed(self, sender: str, rank: int, keys: list[Any]) -> None:
+        """``sender`` (rank ``rank``) pushed ``keys`` once (applied, or failed:
+        it still counts, so that no other rank waits for it forever)."""
+        self.ranks[sender] = rank
+        self.tick(rank, keys)
 
     def tick(self, rank: int, keys: list[Any]) -> None:
         """``rank`` pushed each of ``keys`` once."""
@@ -92,3 +110,20 @@ class Clocks:
         """Start over with ``num_workers`` ranks (a new run on the same servers)."""
         self.num_workers = num_workers
         self.clocks.clear()
+
+    def snapshot(self) -> ClocksSnapshot:
+        """A copy of the clocks and the senders' ranks.
+
+        >>> c = Clocks(staleness=1, num_workers=2)
+        >>> c.pushed("a", 1, ["w"])
+        >>> again = Clocks(staleness=1, num_workers=1)
+        >>> again.restore(c.snapshot()); again.of("w"), again.ranks
+        ({0: 0, 1: 1}, {'a': 1})
+        """
+        clocks = {k: list(row) for k, row in self.clocks.items()}
+        return ClocksSnapshot(self.num_workers, clocks, dict(self.ranks))
+
+    def restore(self, snap: ClocksSnapshot) -> None:
+        self.num_workers = snap.num_workers
+        self.clocks = {k: list(row) for k, row in snap.clocks.items()}
+        self.ranks = dict(snap.ranks)

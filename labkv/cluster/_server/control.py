@@ -1,5 +1,5 @@
-"""A server's control methods: updaters, optimizers and their states, run
-control (ranks, abort), and reads that never wait (peek, summary).
+"""A server's settings: its updater or optimizer and the optimizer's states
+(:class:`Settings`), and the rules for who may set them.
 
 Every rank ships its updater or optimizer, saying whether it owns the store
 (rank 0 of a run, or the notebook that shares its store with a run). On a
@@ -17,8 +17,6 @@ server (:func:`settle_optimizer`, :func:`settle_updater`):
 A setting carries a call id ``(sender, token)``: a call made again after a
 failover, which may have reached this replica already, is taken once
 (:func:`first_time`).
-
-A mixin of :class:`~labkv.cluster._server.actor.Server`.
 """
 
 from __future__ import annotations
@@ -26,14 +24,11 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from ...events import summarize
 from ...optimizers import Optimizer
-from ...shard import Shard
+from ...shard import Key, Shard
 from .._device import host_copy
-from .._errors import ClusterError, answered
-from .._protocol.messages import Peer, States
-
-Key = int | str
+from .._errors import ClusterError
+from .._protocol.messages import States
 
 
 def settle_optimizer(shard: Shard, optimizer: Optimizer, owner: bool, rank: int) -> None:
@@ -127,87 +122,35 @@ def _mismatch(rank: int, optimizer: Optimizer, current: Optimizer | None) -> str
     )
 
 
-class ServerControl:
-    """Settings and run control of a server (see module doc)."""
+class Settings:
+    """The updater or optimizer of server ``sid``'s shard and the optimizer's
+    states, as the ranks set them (by the rules of the module doc)."""
 
-    @answered
-    async def set_updater(
-        self, updater: bytes | None, owner: bool = True, call_id: tuple[str, str] | None = None
-    ) -> None:
-        """Use the pickled custom ``updater`` (None: back to ASSIGN); ``owner``:
-        it comes from the store's owner (see the module doc)."""
+    def __init__(self, sid: int, shard: Shard) -> None:
+        self.sid, self.shard = sid, shard
+
+    def set_updater(self, updater: bytes | None, owner: bool, call_id: tuple | None) -> None:
         if first_time(self.shard, call_id):
             settle_updater(self.shard, None if updater is None else pickle.loads(updater), owner)
             taken(self.shard, call_id)
 
-    @answered
-    async def link(self, peers: list[tuple[str, str]]) -> None:
-        """Every server of the store as ``(worker address, actor key)``, by server id."""
-        self.peers = [Peer._make(p) for p in peers]
-
-    @answered
-    async def set_optimizer(
-        self,
-        config: dict[str, Any],
-        owner: bool = True,
-        rank: int = 0,
-        call_id: tuple[str, str] | None = None,
+    def set_optimizer(
+        self, config: dict[str, Any], owner: bool, rank: int, call_id: tuple | None
     ) -> None:
-        """Use the optimizer of ``config`` (``to_config()``), set by rank
-        ``rank`` (``owner``: the store's owner; see the module doc)."""
         if first_time(self.shard, call_id):
             settle_optimizer(self.shard, Optimizer.from_config(config), owner, rank)
             taken(self.shard, call_id)
 
-    @answered
-    async def get_states(self) -> States:
+    def get_states(self) -> States:
         """``(num_update, per-key update counts, per-key state pieces)``."""
-        if self.shard.optimizer is None:
-            raise ClusterError(f"server {self.sid} has no optimizer")
-        num_update, counts, states = self.shard.export_states()
+        num_update, counts, states = self._optimized().export_states()
         host = {k: tuple(host_copy(a) for a in st) for k, st in states.items()}
         return States(num_update, counts, host)
 
-    @answered
-    async def set_states(
-        self, num_update: int, counts: dict[Key, int], states: dict[Key, tuple]
-    ) -> None:
+    def set_states(self, num_update: int, counts: dict[Key, int], states: dict[Key, tuple]) -> None:
+        self._optimized().import_states(num_update, counts, states)
+
+    def _optimized(self) -> Shard:
         if self.shard.optimizer is None:
             raise ClusterError(f"server {self.sid} has no optimizer")
-        self.shard.import_states(num_update, counts, states)
-
-    @answered
-    async def configure(self, num_workers: int) -> None:
-        """Set the number of ranks a dist_sync round waits for (no round may be open)."""
-        try:
-            self.rounds.resize(num_workers)
-        except ValueError as exc:
-            raise ClusterError(f"server {self.sid}: {exc}") from None
-        if self.clocks is not None:
-            self.clocks.reset(num_workers)
-        self.waiting.aborted = None
-
-    @answered
-    async def abort(self, reason: str, run: str | None = None) -> None:
-        """Wake every waiter with ``ClusterError(reason)`` and drop open rounds;
-        ``run``: the barrier group of the run stopped, whose ranks' pushes and
-        pulls are refused from now on (the ranks of a stopped run that still
-        execute must not change a shared store)."""
-        if run is not None and f"{run}/" not in self.barred:
-            self.barred = (*self.barred, f"{run}/")
-        self.rounds.drop_open()
-        self._prepared.clear()
-        self._votes.clear()
-        self.queues.clear()
-        self.waiting.abort(reason)
-
-    @answered
-    async def peek(self, keys: list[Key]) -> list[Any]:
-        """Copies of the stored pieces as they are now: no waiting for rounds or
-        for in-flight pushes, no events (what a monitor draws)."""
-        return [host_copy(self.shard.read(k)) for k in keys]
-
-    @answered
-    async def summary(self, key: Key) -> dict[str, float]:
-        """min/max/mean/norm of a stored piece (for checks without moving it)."""
-        return summarize(self.shard.read(key))
+        return self.shard

@@ -1,4 +1,12 @@
-"""The order in which the servers of a sliced dist_async key apply its updates.
+"""The orders a server keeps: each sender's pushes in their sequence numbers'
+order (:class:`SenderOrder`), and the order in which the servers of a sliced
+dist_async key apply its updates (:class:`UpdateQueue`).
+
+A rank's pushes may travel on different connections, so each carries a
+per-(sender, server) sequence number and the server applies a sender's pushes
+in that order; a pull carries how many pushes the sender sent and first waits
+for them, so a rank can send a push without waiting for its reply and still
+read its own write.
 
 Every server of a sliced key with a custom updater applies that key's pushes
 in the order server 0 received them (server 0 names the next push in its
@@ -9,11 +17,61 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...shard import Key
+from .waiting import Waiters
+
+
+class SenderOrder:
+    """How many pushes of each sender this server has applied (see module doc).
+
+    >>> order = SenderOrder(Waiters("server 0", 1.0))
+    >>> order.passed("a", 0); order.passed("a", 1); order.next("a")
+    2
+    >>> order.passed("a", 0); order.next("a")  # a resend after later pushes
+    2
+    """
+
+    __slots__ = ("waiting", "next_seq")
+
+    def __init__(self, waiting: Waiters) -> None:
+        self.waiting = waiting
+        self.next_seq: dict[str, int] = {}
+
+    def next(self, sender: str) -> int:
+        """The sequence number of ``sender``'s next push here."""
+        return self.next_seq.get(sender, 0)
+
+    async def arrived(self, sender: str, seq: int, who: str) -> None:
+        """Wait until ``sender``'s first ``seq`` pushes have been applied here
+        (they may travel on other connections than the call that waits)."""
+        if self.next_seq.get(sender, 0) < seq:
+            await self.waiting.until(
+                lambda: self.next_seq.get(sender, 0) >= seq,
+                lambda: f"push #{self.next_seq.get(sender, 0)} from {who} never arrived",
+            )
+
+    def passed(self, sender: str, seq: int) -> None:
+        """``sender``'s ``seq``-th push is applied (a resend may come after later pushes)."""
+        if self.next_seq.get(sender, 0) <= seq:
+            self.next_seq[sender] = seq + 1
+
+    def skip_to(self, sender: str, first: int) -> None:
+        """``sender``'s pushes before its ``first``-th are applied everywhere (a replay)."""
+        if self.next_seq.get(sender, 0) < first:
+            self.next_seq[sender] = first
+            self.waiting.wake()
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.next_seq)
+
+    def restore(self, snap: dict[str, int]) -> None:
+        self.next_seq = dict(snap)
+
 
 class UpdateQueue:
     """dist_async updates of one sliced key on one server, applied in the order
     server 0 received them (every server of the key follows that order, so the
-    slices of each update commit together; see ``Server._advance``).
+    slices of each update commit together; see ``Updates.advance``).
 
     A push is ``(sender, n)``: the ``n``-th push of the key by ``sender``, the
     same push on every server (a sender's pushes reach each server in order).
@@ -79,3 +137,56 @@ class UpdateQueue:
     def decided(self, sender: str) -> None:
         self.busy = False
         self.undecided[sender] -= 1
+
+    def snapshot(self) -> dict[str, int]:
+        """Each sender's pushes whose updates are decided (the numbering a new
+        replica goes on from; undecided ones are sent again to a new primary).
+
+        >>> q = UpdateQueue()
+        >>> q.arrive("a", 1.0, 0, leader=True); q.arrive("a", 2.0, 1, leader=True)
+        >>> _ = q.take(0); q.decided("a")
+        >>> q.snapshot(), UpdateQueue.restored(q.snapshot()).arrived
+        ({'a': 1}, {'a': 1})
+        """
+        return {s: n - self.undecided.get(s, 0) for s, n in self.arrived.items()}
+
+    @classmethod
+    def restored(cls, numbered: dict[str, int]) -> UpdateQueue:
+        queue = cls()
+        queue.arrived = dict(numbered)
+        return queue
+
+
+class UpdateQueues:
+    """The :class:`UpdateQueue` of each sliced dist_async key (none in dist_sync)."""
+
+    __slots__ = ("queues",)
+
+    def __init__(self) -> None:
+        self.queues: dict[Key, UpdateQueue] = {}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.queues
+
+    def __getitem__(self, key: Key) -> UpdateQueue:
+        return self.queues[key]
+
+    def get(self, key: Key) -> UpdateQueue | None:
+        return self.queues.get(key)
+
+    def of(self, key: Key) -> UpdateQueue:
+        """The queue of ``key``, new if it has none yet."""
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = UpdateQueue()
+        return queue
+
+    def clear(self) -> None:
+        self.queues.clear()
+
+    def snapshot(self) -> dict[Key, dict[str, int]]:
+        return {k: q.snapshot() for k, q in self.queues.items()}
+
+    def restore(self, snap: dict[Key, dict[str, int]]) -> None:
+        for key, numbered in snap.items():
+            self.queues[key] = UpdateQueue.restored(numbered)

@@ -22,7 +22,14 @@ key), and later pulls get the unchanged value, as on the local store.
 from __future__ import annotations
 
 import copy
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+import cloudpickle
+
+from .._errors import mark_failed_update
 
 #: Failures kept for senders that have not pulled since (per key; older ones are dropped).
 KEEP_FAILURES = 100
@@ -45,14 +52,16 @@ class Failure:
     def report_to(self, sender: str) -> BaseException | None:
         """The exception for ``sender`` the first time it asks; None after that
         (or when none of its pushes was in the failed update). It carries which
-        of the sender's pushes failed (``_labkv_update``), so the sender can
+        of the sender's pushes failed (:func:`labkv.cluster._errors.mark_failed_update`), so the sender can
         restore what it committed for them (compression residuals)."""
         seqs = self.untold.pop(sender, None)
         if seqs is None:
             return None
-        exc = copy.copy(self.error)
-        exc._labkv_update = {"server": self.server, "seqs": seqs}
-        return exc
+        return mark_failed_update(copy.copy(self.error), self.server, seqs)
+
+
+#: What finishes a key's open round (its update applied, or failed as the ``Failure``).
+Finish = Callable[[Any, Failure | None], None]
 
 
 def pushed_by(keys: list[Any], rounds: dict[Any, Round]) -> dict[str, dict]:
@@ -81,8 +90,8 @@ class Round:
 
     __slots__ = ("done", "pending", "senders", "first_push", "failures")
 
-    def __init__(self) -> None:
-        self.done = 0  # completed rounds
+    def __init__(self, done: int = 0) -> None:
+        self.done = done  # completed rounds
         self.pending: dict[int, Any] = {}  # rank -> value pushed in round `done`
         self.senders: dict[str, int] = {}  # sender -> seq of its push in round `done`
         self.first_push: float | None = None
@@ -115,6 +124,18 @@ class Round:
             if exc is not None:
                 return exc
         return None
+
+
+@dataclass
+class RoundsSnapshot:
+    """:class:`SyncRounds` as a new replica takes it: each key's completed
+    rounds and the failures still owed (cloudpickled, as an updater's error may
+    be of a notebook's class: ``[(error, keys, untold, [(key, round)])]``, each
+    failure once with every round it closed)."""
+
+    num_workers: int
+    done: dict[Any, int]
+    failures: bytes
 
 
 class SyncRounds:
@@ -201,3 +222,42 @@ class SyncRounds:
         """Forget every open round (an aborted run)."""
         for r in self.rounds.values():
             r.pending, r.senders, r.first_push = {}, {}, None
+
+    def lowest_open(self, sender: str, low: int) -> int:
+        """The lowest of ``low`` and the seqs of ``sender``'s pushes in open rounds."""
+        for r in self.rounds.values():
+            seq = r.senders.get(sender)
+            if seq is not None and seq < low:
+                low = seq
+        return low
+
+    def snapshot(self) -> RoundsSnapshot:
+        """Completed rounds and owed failures; open rounds are not taken (their
+        pushes are resent to a new primary).
+
+        >>> rounds = SyncRounds(num_workers=1)
+        >>> rounds.add("w"); rounds.add("b")
+        >>> failure = Failure(ValueError("no"), server=0, keys=["w", "b"], senders={"a": {"w": 0}})
+        >>> rounds["w"].finish(failure); rounds["b"].finish(failure); rounds["b"].finish()
+        >>> again = SyncRounds(num_workers=3)
+        >>> again.restore(rounds.snapshot(), server=0)
+        >>> again.num_workers, again["b"].done, again["w"].failures[0] is again["b"].failures[0]
+        (1, 2, True)
+        """
+        failures: dict[int, tuple[Failure, list]] = {}
+        for key, r in self.rounds.items():
+            for g, failure in r.failures.items():
+                failures.setdefault(id(failure), (failure, []))[1].append((key, g))
+        owed = [(f.error, f.keys, f.untold, rounds) for f, rounds in failures.values()]
+        done = {k: r.done for k, r in self.rounds.items()}
+        return RoundsSnapshot(self.num_workers, done, cloudpickle.dumps(owed))
+
+    def restore(self, snap: RoundsSnapshot, server: int) -> None:
+        """Take ``snap`` (see :meth:`snapshot`); its failures are now ``server``'s."""
+        self.num_workers = snap.num_workers
+        for key, done in snap.done.items():
+            self.rounds[key] = Round(done)
+        for error, keys, untold, rounds in pickle.loads(snap.failures):
+            failure = Failure(error, server, keys, untold)
+            for key, g in rounds:
+                self.rounds[key].failures[g] = failure

@@ -3,45 +3,188 @@ dist_async push of a sliced key, applied at once or prepared and voted on.
 
 A sliced key's update commits on every server or none, so with a custom
 updater (which may fail on one slice) each server prepares its slice and
-tells the others whether it succeeded (:meth:`Updates._vote`); every server
-commits when all slices succeeded. In dist_async the servers also apply a
-sliced key's updates in one order: the order in which server 0 received them
-(:class:`~labkv.cluster._server.order.UpdateQueue`). Plain updates (whole keys, or no custom
-updater) are applied at once.
+tells the others whether it succeeded (:meth:`Updates.vote`); every server
+commits when all slices succeeded (:meth:`Updates.record`). In dist_async the
+servers also apply a sliced key's updates in one order: the order in which
+server 0 received them (:class:`~labkv.cluster._server.order.UpdateQueue`).
+Plain updates (whole keys, or no custom updater) are applied at once.
 
-With replicas the primaries vote, each vote logged to the backups before it is
-sent (server 0's names the push it placed, so a new server-0 primary keeps its
-old primary's order); a primary replicates its slice's update once the vote is
-decided, and a new primary tells the other servers where it is
-(:meth:`Updates.peer_promoted`) and sends them its recent votes again, and
-they send it theirs: a vote sent to or from a dead primary is lost with it.
-A mixin of :class:`~labkv.cluster._server.actor.Server`.
+An update finishes (its pulls may read it, its ranks push the next) when the
+server's log says so: at once without replicas, once every backup has it with
+them (:mod:`labkv.cluster._server.replication.log`). With replicas each vote
+is logged before it is sent (server 0's names the push it placed, so a new
+server-0 primary keeps its old primary's order), and a new primary tells the
+other servers where it is (:meth:`Updates.announce`) and sends them its recent
+votes again, and they send it theirs: a vote sent to or from a dead primary
+is lost with it.
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
+import pickle
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from .._errors import add_note, answered, portable
+import cloudpickle
+
+from ...shard import Key, Shard
+from .._errors import add_note, portable
+from .._protocol.entries import Vote
 from .._protocol.messages import Peer
-from .order import UpdateQueue
-from .rounds import Failure, failure_note, pushed_by
+from .._transport.base import Host
+from .order import UpdateQueues
+from .rounds import Failure, Round, SyncRounds, failure_note, pushed_by
+from .waiting import TaskGroup, Waiters
 
-Key = int | str
+if TYPE_CHECKING:
+    from .keys import KeyTable
+    from .replication.log import NullLog, ReplicaLog
 
 
-def _forget(task: asyncio.Future) -> None:
-    """Done-callback of a call not waited for: its error (a lost peer) is seen
-    as the update that times out naming that peer, so it is only retrieved here."""
-    if not task.cancelled():
-        task.exception()
+class Peers:
+    """The store's servers ``(address, actor key)`` by server id, as server
+    ``sid`` reaches them: calls it does not wait for (a vote never blocks the
+    loop; a lost peer shows as an update that times out naming it)."""
+
+    __slots__ = ("sid", "host", "tasks", "peers")
+
+    def __init__(self, sid: int, host: Host, tasks: TaskGroup) -> None:
+        self.sid, self.host, self.tasks = sid, host, tasks
+        self.peers: list[Peer] = []
+
+    def __len__(self) -> int:
+        return len(self.peers)
+
+    def __getitem__(self, sid: int) -> Peer:
+        return self.peers[sid]
+
+    def link(self, peers: list[tuple[str, str]]) -> None:
+        self.peers = [Peer._make(p) for p in peers]
+
+    def moved(self, sid: int, peer: Peer) -> None:
+        """Server ``sid`` has a new primary, ``peer``."""
+        self.peers[sid] = peer
+
+    def others(self) -> Iterator[int]:
+        return (p for p in range(len(self.peers)) if p != self.sid)
+
+    def send(self, peer: int | Peer, method: str, *args: Any) -> None:
+        """Call ``method`` of server ``peer`` (its id, or a replica) without waiting."""
+        to = self.peers[peer] if isinstance(peer, int) else peer
+        try:
+            call = self.host.call_peer(to, method, list(args))
+        except OSError:  # known dead at once (in-process): as a call that failed
+            return
+        self.tasks.spawn(call, quiet=True)
+
+    def snapshot(self) -> list[tuple[str, str]]:
+        return [tuple(p) for p in self.peers]
+
+
+class SliceVotes:
+    """The votes on each sliced update so far, and this server's prepared
+    slices waiting for them: ``(candidate, failure, senders)`` per update."""
+
+    __slots__ = ("votes", "prepared")
+
+    def __init__(self) -> None:
+        self.votes: dict[tuple[Key, int], dict[int, BaseException | None]] = {}
+        self.prepared: dict[tuple[Key, int], tuple[Any, Failure | None, dict]] = {}
+
+    def prepare(
+        self, key: Key, number: int, candidate: Any, failure: Failure | None, senders: dict
+    ) -> None:
+        self.prepared[(key, number)] = (candidate, failure, senders)
+
+    def is_prepared(self, key: Key, number: int) -> bool:
+        return (key, number) in self.prepared
+
+    def count(
+        self, key: Key, number: int, sid: int, error: BaseException | None, servers: int
+    ) -> tuple[dict, Any, Failure | None, dict] | None:
+        """Count server ``sid``'s vote; once all ``servers`` voted and this one
+        prepared its slice: ``(votes, candidate, failure, senders)``."""
+        votes = self.votes.setdefault((key, number), {})
+        votes[sid] = error
+        if len(votes) < servers or (key, number) not in self.prepared:
+            return None
+        del self.votes[(key, number)]
+        return (votes, *self.prepared.pop((key, number)))
+
+    def forget(self, key: Key, number: int) -> None:
+        """Update ``number`` of ``key`` is decided: a vote sent again is dropped."""
+        self.votes.pop((key, number), None)
+
+    def missing(self, key: Key, number: int, sid: int, servers: int) -> list[int]:
+        voted = self.votes.get((key, number), {})
+        if (key, number) in self.prepared:
+            voted = {**voted, sid: None}
+        return [p for p in range(servers) if p not in voted]
+
+    def clear(self) -> None:
+        self.votes.clear()
+        self.prepared.clear()
+
+
+class KeptVotes:
+    """This server's votes of the last two updates of each key (a backup keeps
+    its primary's), sent again to a new primary of a peer."""
+
+    __slots__ = ("votes",)
+
+    def __init__(self) -> None:
+        self.votes: dict[Key, dict[int, tuple[BaseException | None, tuple | None]]] = {}
+
+    def keep(self, vote: Vote) -> None:
+        mine = self.votes.setdefault(vote.key, {})
+        mine[vote.number] = (vote.error, vote.push)
+        for old in [n for n in mine if n < vote.number - 1]:
+            del mine[old]
+
+    def __iter__(self) -> Iterator[Vote]:
+        for key, mine in self.votes.items():
+            for number, (error, push) in mine.items():
+                yield Vote(key, number, error, push)
+
+    def placed(self, key: Key) -> dict[int, tuple[str, int]]:
+        """Server 0's kept votes of ``key``: the pushes it placed, by position."""
+        mine = self.votes.get(key, {})
+        return {n: push for n, (_, push) in mine.items() if push is not None}
+
+    def snapshot(self) -> bytes:
+        return cloudpickle.dumps(self.votes)  # errors of a notebook's class
+
+    def restore(self, snap: bytes) -> None:
+        self.votes = pickle.loads(snap)
 
 
 class Updates:
-    """Applying, preparing and voting on updates (see module doc)."""
+    """Applying, preparing and voting on the updates of server ``sid`` (see
+    module doc); ``round_ended(key, round)`` is called as a round finishes."""
 
-    def _failure(
+    def __init__(
+        self,
+        sid: int,
+        shard: Shard,
+        table: KeyTable,
+        rounds: SyncRounds,
+        votes: SliceVotes,
+        kept: KeptVotes,
+        queues: UpdateQueues,
+        peers: Peers,
+        log: NullLog | ReplicaLog,
+        waiting: Waiters,
+        round_ended: Callable[[Key, Round], None],
+    ) -> None:
+        self.sid, self.shard, self.table, self.rounds = sid, shard, table, rounds
+        self.votes, self.kept, self.queues, self.peers = votes, kept, queues, peers
+        self.log, self.waiting, self.round_ended = log, waiting, round_ended
+
+    def use(self, log: NullLog | ReplicaLog) -> None:
+        """Issue to ``log`` from now on (the server joined a group of replicas)."""
+        self.log = log
+
+    def failure(
         self, exc: BaseException, keys: list[Key], senders: dict, rounds: dict | None = None
     ) -> Failure:
         """The failure of an update of ``keys``: the updater's own exception,
@@ -49,16 +192,14 @@ class Updates:
         add_note(exc, failure_note(self.sid, keys, rounds))
         return Failure(portable(exc), self.sid, keys, senders)
 
-    def _complete(self, keys: list[Key], sender: str) -> None:
+    def complete(self, keys: list[Key], sender: str) -> None:
         """Apply the rounds of ``keys`` (all ranks pushed) in one ``Shard.apply``.
 
         The update of a sliced key with a custom updater is only prepared here:
         it commits when every server of the key has prepared its slice (see
-        :meth:`_vote`). If the update fails, the completing push (``sender``'s)
+        :meth:`vote`). If the update fails, the completing push (``sender``'s)
         gets the error now and the other ranks at their next pull of the keys."""
-        deferred = [k for k in keys if k in self.sliced and self.shard.updater is not None]
-        if self.group is not None and not deferred:
-            return self._complete_replicated(keys, sender)
+        deferred = [k for k in keys if k in self.table.sliced and self.shard.updater is not None]
         rounds = {k: self.rounds[k] for k in keys}
         batch = [(k, [rounds[k].pending[q] for q in sorted(rounds[k].pending)]) for k in keys]
         prepared, failure = None, None
@@ -69,42 +210,42 @@ class Updates:
                 self.shard.apply(batch)
         except Exception as exc:  # the round still ends, so no rank waits forever
             numbers = {k: r.done for k, r in rounds.items()}
-            failure = self._failure(exc, keys, pushed_by(keys, rounds), numbers)
+            failure = self.failure(exc, keys, pushed_by(keys, rounds), numbers)
         now = [k for k in keys if k not in deferred]
         if prepared is not None and now:
             self.shard.commit({k: prepared[k] for k in now})
-        if self.group is None:
-            for key in now:
-                self._finish(key, failure)
-        elif now:  # finished once every backup has them
-            self._replicate_rounds(now, failure, sender)
+        if now:
+            self.log.rounds_done(now, failure, sender, None, self.finish)
         for key in deferred:
             m = rounds[key].done
             candidate = None if prepared is None else prepared[key]
-            self._prepared[(key, m)] = (candidate, failure, pushed_by([key], rounds))
-            self._vote(key, m, None if failure is None else failure.error)
+            self.votes.prepare(key, m, candidate, failure, pushed_by([key], rounds))
+            self.vote(key, m, None if failure is None else failure.error)
         if failure is not None and now:
             raise failure.report_to(sender)
 
-    def _finish(self, key: Key, failure: Failure | None) -> None:
+    def finish(self, key: Key, failure: Failure | None) -> None:
         r = self.rounds[key]
-        self._votes.pop((key, r.done), None)  # a vote sent again after the decision
-        if self.bus.active and self.sync:
-            self._emit_round(key, r, completed=r.done)
+        self.votes.forget(key, r.done)
+        self.round_ended(key, r)
         r.finish(failure)
-        self._wake()
-        if not self.sync and key in self.queues:
-            self._advance(key)  # the key's next update in server 0's order
+        self.waiting.wake()
+        if key in self.queues:
+            self.advance(key)  # the key's next update in server 0's order
 
-    def _missing_votes(self, key: Key) -> str:
+    def missing(self, key: Key) -> str:
+        """What the open update of ``key`` waits for: ranks, or servers' votes."""
+        r = self.rounds[key]
+        if not r.missing(self.rounds.num_workers) and self.votes.is_prepared(key, r.done):
+            return self.missing_votes(key)
+        return self.rounds.missing(key)
+
+    def missing_votes(self, key: Key) -> str:
         number = self.rounds[key].done
-        voted = self._votes.get((key, number), {})
-        if (key, number) in self._prepared:
-            voted = {**voted, self.sid: None}
-        late = [p for p in range(len(self.peers)) if p not in voted]
+        late = self.votes.missing(key, number, self.sid, len(self.peers))
         return f"servers {late} have not reported their slice of update {number} of key {key!r}"
 
-    def _queue_update(self, sender: str, seq: int, key: Key, value: Any) -> None:
+    def queue(self, sender: str, seq: int, key: Key, value: Any) -> None:
         """Queue ``sender``'s push of a sliced key (a copy: the message's buffer is
         not ours to keep) and apply what is next in server 0's order.
 
@@ -114,10 +255,10 @@ class Updates:
         once, so its orders of all keys agree), told with its votes. A push
         returns once its updates are decided; no wait can form a cycle, since
         every server decides in server 0's single order of messages."""
-        self.queues.setdefault(key, UpdateQueue()).arrive(sender, value.copy(), seq, self.sid == 0)
-        self._advance(key)
+        self.queues.of(key).arrive(sender, value.copy(), seq, self.sid == 0)
+        self.advance(key)
 
-    def _advance(self, key: Key) -> None:
+    def advance(self, key: Key) -> None:
         """Prepare the next update of ``key`` in order, if it is here, and vote on it."""
         number = self.rounds[key].done
         taken = self.queues[key].take(number)
@@ -129,131 +270,61 @@ class Updates:
         try:
             candidate = self.shard.prepare([(key, [value])])[key]
         except Exception as exc:
-            failure = self._failure(exc, [key], senders)
-        self._prepared[(key, number)] = (candidate, failure, senders)
-        self._vote(key, number, None if failure is None else failure.error, (sender, n))
+            failure = self.failure(exc, [key], senders)
+        self.votes.prepare(key, number, candidate, failure, senders)
+        self.vote(key, number, None if failure is None else failure.error, (sender, n))
 
-    async def _updates_decided(self, sender: str, keys: list[Key]) -> None:
+    async def decided(self, sender: str, keys: list[Key]) -> None:
         """Wait until ``sender``'s queued updates of ``keys`` are decided; raise
         the first that failed (reported to ``sender`` once)."""
         for key in keys:
             q = self.queues[key]
-            await self._wait(
-                lambda q=q: not q.undecided.get(sender, 0), lambda k=key: self._missing_votes(k)
+            await self.waiting.until(
+                lambda q=q: not q.undecided.get(sender, 0), lambda k=key: self.missing_votes(k)
             )
         for key in keys:
             failed = self.rounds[key].report_to(sender)
             if failed is not None:
                 raise failed
 
-    def _vote(
+    def vote(
         self, key: Key, number: int, error: BaseException | None, push: tuple | None = None
     ) -> None:
         """Tell every server of the store whether this server's slice of update
         ``number`` of ``key`` (a dist_sync round, or the ``number``-th dist_async
-        update, ``push``) succeeded (``error`` None), then decide. Replicated:
-        the vote is sent once every backup has it (see module doc)."""
-        if self.group is None:
-            self._send_vote(key, number, error, push)
-        else:
-            self._keep_vote(key, number, error, push)
-            self._issue(
-                [],
-                [],
-                then=lambda: self._send_vote(key, number, error, push),
-                note=("vote", key, number, error, push),
-            )
-        self._record_vote(key, number, self.sid, error)
+        update, ``push``) succeeded (``error`` None), once the log has the vote,
+        then decide."""
+        vote = Vote(key, number, error, push)
+        self.log.vote(vote, lambda: self.send_vote(vote))
+        self.record(key, number, self.sid, error)
 
-    def _send_vote(
-        self, key: Key, number: int, error: BaseException | None, push: tuple | None
-    ) -> None:
-        for peer in range(len(self.peers)):
-            if peer != self.sid:
-                self._send(peer, "vote", key, number, self.sid, error, push)
+    def send_vote(self, vote: Vote) -> None:
+        for peer in self.peers.others():
+            self.peers.send(peer, "vote", vote.key, vote.number, self.sid, vote.error, vote.push)
 
-    def _keep_vote(
-        self, key: Key, number: int, error: BaseException | None, push: tuple | None
-    ) -> None:
-        """This server's votes of the last two updates of ``key`` (a replica
-        keeps its primary's), sent again to a new primary of a peer."""
-        mine = self._my_votes.setdefault(key, {})
-        mine[number] = (error, push)
-        for old in [n for n in mine if n < number - 1]:
-            del mine[old]
+    def send_votes_again(self, peer: int) -> None:
+        for vote in self.kept:
+            self.peers.send(peer, "vote", vote.key, vote.number, self.sid, vote.error, vote.push)
 
-    def _send_votes_again(self, peer: int) -> None:
-        for key, mine in self._my_votes.items():
-            for number, (error, push) in mine.items():
-                self._send(peer, "vote", key, number, self.sid, error, push)
-
-    def _send(self, peer: int | Peer, method: str, *args: Any) -> None:
-        """Call ``method`` of server ``peer`` (its id, or a replica) without
-        waiting (a vote never blocks the loop; a lost peer shows as an update
-        that times out naming it)."""
-        to = self.peers[peer] if isinstance(peer, int) else peer
-        try:
-            call = self.host.call_peer(to, method, list(args))
-        except OSError:  # known dead at once (in-process): as a call that failed
-            return
-        task = asyncio.ensure_future(call)
-        self._tasks.add(task)  # held until done: the loop keeps only weak references
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(_forget)
-
-    def _announce_promotion(self) -> None:
-        """A new primary tells the other servers of the store where it is and
-        sends them its recent votes again; server 0's in dist_async also places
-        its old primary's pushes where that one told the others."""
-        if not self.peers:
-            return
-        self.peers[self.sid] = self.me
-        if not self.sync and self.sid == 0:
-            for key in self.sliced:
-                mine = self._my_votes.get(key, {})
-                told = {n: push for n, (_, push) in mine.items() if push is not None}
-                self.queues.setdefault(key, UpdateQueue()).resume(self.rounds[key].done, told)
-        for peer in range(len(self.peers)):
-            if peer != self.sid:
-                self._send(peer, "peer_promoted", self.sid, tuple(self.me))
-                self._send_votes_again(peer)
-
-    @answered
-    async def peer_promoted(self, sid: int, peer: tuple[str, str]) -> None:
-        """Server ``sid``'s new primary is ``peer``: votes go there from now on
-        (this server's backups learn it too), and it gets again this server's
-        votes of the last two rounds of each key (it may have missed them, and
-        lacks at most the round its old primary was deciding)."""
-        self.peers[sid] = Peer._make(peer)
-        if self.group is None or not self.primary:
-            return
-        for backup in self.group[1:]:
-            self._send(backup, "peer_promoted", sid, peer)
-        self._send_votes_again(sid)
-
-    @answered
-    async def vote(
+    def received(
         self, key: Key, number: int, sid: int, error: BaseException | None, push: tuple | None
     ) -> None:
-        """Server ``sid``'s outcome of its slice of update ``number`` of ``key``;
-        from server 0 in dist_async, also which push that update is."""
+        """Server ``sid``'s vote (see ``Server.vote``)."""
         if push is not None and sid == 0:
-            self.queues.setdefault(key, UpdateQueue()).learn(number, push)
+            self.queues.of(key).learn(number, push)
         if number < self.rounds[key].done:
             return  # decided already (a vote sent again to a new primary)
-        self._record_vote(key, number, sid, error)
-        if not self.sync and key in self.queues:
-            self._advance(key)
+        self.record(key, number, sid, error)
+        if key in self.queues:
+            self.advance(key)
 
-    def _record_vote(self, key: Key, number: int, sid: int, error: BaseException | None) -> None:
+    def record(self, key: Key, number: int, sid: int, error: BaseException | None) -> None:
         """Count a vote; with every server's vote and this server's own update
         prepared, commit it if no slice failed, else keep nothing."""
-        votes = self._votes.setdefault((key, number), {})
-        votes[sid] = error
-        if len(votes) < len(self.peers) or (key, number) not in self._prepared:
+        decided = self.votes.count(key, number, sid, error, len(self.peers))
+        if decided is None:
             return
-        del self._votes[(key, number)]
-        candidate, failure, senders = self._prepared.pop((key, number))
+        votes, candidate, failure, senders = decided
         if self.rounds[key].done != number:  # aborted meanwhile
             return
         failed = [sid for sid in sorted(votes) if votes[sid] is not None]
@@ -261,11 +332,36 @@ class Updates:
             self.shard.commit({key: candidate})
         elif failure is None:  # another server's slice failed: report its error here too
             failure = Failure(votes[failed[0]], failed[0], [key], senders)
-        if not self.sync:
+        queue = self.queues.get(key)
+        if queue is not None:  # dist_async: one push per update
             (sender,) = senders
-            self.queues[key].decided(sender)
-        if self.group is not None:  # finished once every backup has it
-            pushes = [(s, k, q) for s, seqs in senders.items() for k, q in seqs.items()]
-            self._replicate_rounds([key], failure, None, None if self.sync else pushes)
+            queue.decided(sender)
+        pushes = [(s, k, q) for s, seqs in senders.items() for k, q in seqs.items()]
+        self.log.rounds_done([key], failure, None, pushes, self.finish)
+
+    def announce(self, me: Peer) -> None:
+        """A new primary tells the other servers of the store where it is and
+        sends them its recent votes again."""
+        if not len(self.peers):
             return
-        self._finish(key, failure)  # wakes the waiters, so after the queue's count
+        self.peers.moved(self.sid, me)
+        for peer in self.peers.others():
+            self.peers.send(peer, "peer_promoted", self.sid, tuple(me))
+            self.send_votes_again(peer)
+
+    def peer_moved(self, sid: int, peer: tuple[str, str]) -> None:
+        """Server ``sid``'s new primary is ``peer``: votes go there from now on.
+        A primary's backups learn it too, and the new primary gets its votes of
+        the last two updates of each key again (it may have missed them, and
+        lacks at most the update its old primary was deciding)."""
+        self.peers.moved(sid, Peer._make(peer))
+        if not self.log.primary:
+            return
+        for backup in self.log.backups:
+            self.peers.send(backup, "peer_promoted", sid, peer)
+        self.send_votes_again(sid)
+
+    def abort(self) -> None:
+        """Forget every vote and queued update (an aborted run)."""
+        self.votes.clear()
+        self.queues.clear()

@@ -1,4 +1,5 @@
-"""How a server's coroutines wait for its state to change, with a deadline.
+"""How a server's coroutines wait for its state to change, with a deadline
+(:class:`Waiters`), and the tasks nobody waits for (:class:`TaskGroup`).
 
 A waiter is a bare future checked by :meth:`Waiters.wake` after every state
 change: the waiting coroutine resumes in the loop's next iteration (an
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .._errors import ClusterError
 
@@ -66,3 +67,48 @@ class Waiters:
         """Fail every wait, now and from now on, with ``reason``."""
         self.aborted = reason
         self.wake()
+
+    def resume(self) -> None:
+        """Waits may succeed again (a new run on the same servers)."""
+        self.aborted = None
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class TaskGroup:
+    """Calls a server makes without waiting for them (votes, log entries on
+    their way to the backups, watchers), each held until done: the loop
+    keeps only weak references to its tasks.
+
+    >>> async def main():
+    ...     tasks = TaskGroup()
+    ...     task = tasks.spawn(asyncio.sleep(0))
+    ...     held = len(tasks)
+    ...     await task
+    ...     await asyncio.sleep(0)  # the done-callbacks run
+    ...     return held, len(tasks)
+    >>> asyncio.run(main())
+    (1, 0)
+    """
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Future] = set()
+
+    def spawn(self, call: Awaitable, quiet: bool = False) -> asyncio.Future:
+        """Run ``call`` as a task. ``quiet``: its error is retrieved and
+        dropped (the caller learns of it another way, e.g. a lost peer as the
+        update that times out naming it)."""
+        task = asyncio.ensure_future(call)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if quiet:
+            task.add_done_callback(_retrieve)
+        return task
+
+    def __len__(self) -> int:
+        return len(self._tasks)

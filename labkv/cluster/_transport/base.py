@@ -1,12 +1,15 @@
 """The one seam between a rank and its servers (and between servers), as interfaces.
 
 A rank reaches server ``s`` through a :class:`ServerLink`: ``link.call(method,
-*args)`` returns a waitable (``result(timeout)``, ``done()``,
-``add_done_callback``), and :func:`wait_all` waits for several calls under one
-deadline, turning a server known to be lost into an error that names it. A
-server reaches its peers (votes on sliced keys, log entries) through a
-:class:`Host`. The Dask implementations are in :mod:`.dask`, the in-process
-ones of the tests in :mod:`labkv.cluster._runtime.inprocess`.
+*args)`` returns a :class:`Waitable`, and :func:`wait_all` waits for several
+calls under one deadline, turning a server known to be lost into
+:class:`~labkv.cluster._errors.ServerLost`. Every member a caller may use is
+declared on :class:`ServerLink`, with what a plain link does: a replicated
+link (:class:`~labkv.cluster._rank.failover.ReplicatedLink`) is one more
+implementation, whose failover happens inside its calls. A server reaches its
+peers (votes on sliced keys, log entries) through a :class:`Host`. The Dask
+implementations are in :mod:`.dask`, the in-process ones of the tests in
+:mod:`labkv.cluster._runtime.inprocess`.
 """
 
 from __future__ import annotations
@@ -14,26 +17,42 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from .._errors import TIMEOUTS, ClusterError
+from .._errors import TIMEOUTS, CallTimedOut, ClusterError, ServerLost, answered_by
 from .._protocol.messages import Peer, encode
+from .._protocol.methods import method as _method
 
 # Client-side waits get this much longer than the servers' own, so that the
 # server's error (which names the missing ranks) arrives before ours.
 GRACE_S = 5.0
 # How often a wait for a server looks whether the scheduler reported it lost.
 POLL_S = 0.5
-# Methods whose one argument is a message (see _wire) that may travel as one frame.
-_MESSAGES = frozenset({"push", "pull"})
 
 
 def _encoded(method: str, args: tuple) -> list:
-    return [encode(a) if method in _MESSAGES and isinstance(a, tuple) else a for a in args]
+    """``args`` as they travel: a message argument encoded (see ``methods.Method.message``)."""
+    if _method(method).message:
+        return [encode(a) if isinstance(a, tuple) else a for a in args]
+    return list(args)
+
+
+class Waitable(Protocol):
+    """What :meth:`ServerLink.call` returns (a ``concurrent.futures.Future`` is
+    one). The calls of a link with a ``loop`` also have ``add_done_callback``
+    and ``exception``, as a ``concurrent.futures.Future`` does: held pushes
+    (:mod:`labkv.cluster._rank.holding`) settle through them."""
+
+    def result(self, timeout: float | None = None) -> Any: ...
+
+    def done(self) -> bool: ...
 
 
 class ServerLink:
-    """How a rank reaches server ``sid`` on the Dask worker at ``address``."""
+    """How a rank reaches server ``sid`` on the Dask worker at ``address``.
+
+    The members below are all a caller may use; the defaults are a plain
+    link's (one server, no replicas)."""
 
     #: whether arguments reach the server by reference (it copies what it keeps)
     same_process = False
@@ -41,57 +60,89 @@ class ServerLink:
     loop: asyncio.AbstractEventLoop | None = None
     #: the server object itself, when calls reach it in-process (else None)
     server: Any = None
+    #: how many times the link failed over to another replica (a plain link: never)
+    generation = 0
 
     def __init__(self, sid: int, address: str):
         self.sid, self.address = sid, address
 
-    def call(self, method: str, *args: Any) -> Any:
-        """Call ``method(*args)`` on the server: a future with ``result(timeout)``,
-        ``done()`` and ``add_done_callback``; raises at once when the server is
-        known to be lost."""
+    def call(self, method: str, *args: Any) -> Waitable:
+        """Call ``method(*args)`` on the server; raises at once when the server
+        is known to be lost."""
         raise NotImplementedError
 
     def lost(self) -> str | None:
         """Why the server is known to be lost (its worker gone), or None."""
         return None
 
-    def lost_error(self, exc: BaseException) -> ClusterError:
+    def lost_error(self, exc: BaseException) -> ServerLost:
         """The error a call to a lost server raises."""
-        error = ClusterError(
+        return ServerLost(
             f"server {self.sid} on Dask worker {self.address} is lost "
             f"(its keys' values and optimizer states are gone): {exc}"
         )
-        error._labkv_lost = True  # not an answer: a replicated link fails over
-        return error
 
     def raise_if_lost(self) -> None:
         why = self.lost()
         if why is not None:
             raise self.lost_error(RuntimeError(why))
 
+    def replicas(self) -> list[str]:
+        """The workers holding the server, primary first."""
+        return [self.address]
+
+    def keep(self, seq: int, msg: Any) -> None:
+        """Push ``msg``, the ``seq``-th of this rank to the server, was sent or
+        is held: a replicated link keeps it until a reply acknowledges it; a
+        plain link has nothing to keep."""
+
+    def track(self, method: str, future: Waitable) -> Waitable:
+        """The waitable of a call made outside :meth:`call` (a held push, sent
+        later or carried in a pull): ``future`` itself on a plain link."""
+        return future
+
+    def tend(self) -> None:
+        """Called while another server's call is waited for: a replicated link
+        whose primary is lost fails over now; a plain link has nothing to do."""
+
+    def bind(
+        self,
+        sender: str,
+        timeout: float,
+        on_failover: Callable[[Any, str | None], None] | None = None,
+        on_promoted: Callable[[Any], None] | None = None,
+    ) -> None:
+        """The calls of ``sender`` go through this link from now on, each wait
+        bounded by ``timeout``; ``on_failover(link, old)`` and
+        ``on_promoted(link)`` hear of its replicas (see
+        :meth:`labkv.cluster._rank.failover.ReplicatedLink.bind`). A plain link
+        has no replicas to report on."""
+
 
 # -- waiting -----------------------------------------------------------------------------
 def wait_all(
-    calls: list[tuple[ServerLink, Any]],
+    calls: list[tuple[ServerLink, Waitable]],
     what: str,
     timeout: float,
     on_server_error: Callable[[BaseException], None] | None = None,
-    on_tick: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Results of in-flight calls ``(link, future)``, in order; every wait is
-    bounded by ``timeout + GRACE_S`` in all. An error a server raised (its
-    answer, see ``_server.answered``) goes to ``on_server_error`` first;
-    ``on_tick()`` runs every ``POLL_S`` that a call is waited for.
+    bounded by ``timeout + GRACE_S`` in all, restarted for a call whose link
+    failed over meanwhile (the call was made again). An error a server raised
+    (its answer, see :func:`~labkv.cluster._errors.answered`) goes to
+    ``on_server_error`` first. While one call is waited for, the other links
+    of the wait are tended (:meth:`ServerLink.tend`) every ``POLL_S``.
 
     After a failed call the others are still waited for: a server must have
     answered this call before the next one asks it again (a failed update is
     reported once, to whichever call of the rank comes first)."""
     deadline = time.monotonic() + timeout + GRACE_S
+    generations = [link.generation for link, _ in calls]
     results, first_error = [], None
-    for link, future in calls:
+    for (link, future), generation in zip(calls, generations, strict=True):
         try:
             results.append(
-                _wait_one(link, future, deadline, what, timeout, on_server_error, on_tick)
+                _wait_one(link, future, deadline, generation, what, timeout, on_server_error, calls)
             )
         except Exception as exc:
             first_error = first_error or exc
@@ -102,12 +153,13 @@ def wait_all(
 
 def _wait_one(
     link: ServerLink,
-    future: Any,
+    future: Waitable,
     deadline: float,
+    generation: int,
     what: str,
     timeout: float,
     on_server_error: Callable[[BaseException], None] | None,
-    on_tick: Callable[[], None] | None = None,
+    calls: list[tuple[ServerLink, Waitable]],
 ) -> Any:
     """A call to a server whose worker died can sit in Dask's connect retries
     for up to its connect timeout, so the wait looks every ``POLL_S`` whether
@@ -118,27 +170,28 @@ def _wait_one(
         except ClusterError:
             raise
         except TIMEOUTS as exc:
-            if hasattr(exc, "_labkv_server"):  # a server's own answer: raise it as it is
+            if answered_by(exc) is not None:  # a server's own answer: raise it as it is
                 raise
             link.raise_if_lost()
-            if on_tick is not None:
-                on_tick()
-            if time.monotonic() >= deadline:
-                error = ClusterError(
+            for other in {id(o): o for o, _ in calls if o is not link}.values():
+                other.tend()
+            now = time.monotonic()
+            if link.generation != generation:  # failed over: the call was made again
+                generation, deadline = link.generation, now + timeout + GRACE_S
+            if now >= deadline:
+                raise CallTimedOut(
                     f"server {link.sid} on {link.address} did not answer {what} within "
                     f"{timeout + GRACE_S:g} s. The call was sent and may still take effect when "
                     "the server answers (a frozen or overloaded worker): this store waits for "
                     "that answer before its next call leaves, and takes the same push made "
                     "again at once as its retry (see docs/cluster.md, What a timeout means)"
-                )
-                error._labkv_timeout = True
-                raise error from exc
+                ) from exc
         except Exception as exc:
-            if hasattr(exc, "_labkv_server"):  # raised by the server: an updater's error
+            if answered_by(exc) is not None:  # raised by the server: an updater's error
                 if on_server_error is not None:
                     on_server_error(exc)
                 raise
-            if isinstance(exc, OSError) or "Actor was lost" in str(exc):
+            if isinstance(exc, OSError):  # a broken connection
                 link.raise_if_lost()  # a lost scheduler is named as the cause
                 raise link.lost_error(exc) from exc
             raise

@@ -12,7 +12,7 @@ a plain asyncio socket costs about 0.05 ms on each side. On a
 key and the entry's pickled bytes, and its reply one short write back.
 
 What travels here: a ``replicate`` call whose entry holds no big value (see
-:func:`~labkv.cluster._protocol.messages.encode_entry`); big values are bandwidth, which Dask's frames
+:func:`~labkv.cluster._protocol.entries.encode_entry`); big values are bandwidth, which Dask's frames
 carry without a copy, so they stay actor calls, as does every call when no
 channel can be opened (a comm other than ``tcp://`` or ``tls://``, a listener
 that cannot be reached). A channel that breaks fails its calls in flight with

@@ -8,34 +8,128 @@
 - :class:`DaskHost`: what a server needs from its Dask worker.
 - :func:`scheduler_gone`: whether a client's scheduler is gone, and why.
 
-Every use of Dask internals by a link or a host (an actor's future, a worker's
-actor table, the ``actor_execute`` RPC, a loop's thread id) lives in this
-module, and in :mod:`.channel`, the plain socket on which a primary's small log
-entries reach a backup (see :meth:`DaskHost.call_peer`).
+Every use of Dask internals by a link or a host (an actor handle's task,
+client and address, a worker's actor table and loop, the ``actor_execute``
+RPC, the text of Dask's "actor was lost" error) lives in this module, one
+helper each, and in :mod:`.channel`, the plain socket on which a primary's
+small log entries reach a backup (see :meth:`DaskHost.call_peer`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
-from .._errors import ClusterError
+from .._errors import ClusterError, answered_by
 from .._protocol.messages import Peer
+from .._protocol.methods import method as _method
 from .base import Host, ServerLink, _encoded
 from .channel import MAX_BLOB_BYTES, Channel, install
 
-# Server methods a rank calls in-process when the server lives on its own Dask
-# worker: those whose arguments the server copies or only reads, and whose
-# results are fresh objects or values the rank may read.
-_LOCAL_METHODS = frozenset({"push", "pull", "keys", "wait_keys", "init"})
+
+# -- Dask's internals, one helper each -----------------------------------------------------
+def _actor_task(actor: Any) -> Any:
+    """An ``Actor`` handle's future of its own task (None in a handle without a
+    client, e.g. one unpickled in a task)."""
+    return actor._future
 
 
-def _actor_lost(actor: Any) -> str | None:
-    future = getattr(actor, "_future", None)  # Dask internals: the actor's own future
+def _actor_client(actor: Any) -> Any:
+    """The client an ``Actor`` handle calls through (None on a worker)."""
+    return actor._client
+
+
+def actor_address(actor: Any) -> str | None:
+    """The worker an ``Actor`` handle points to."""
+    return actor._address
+
+
+def _asyncio_loop(io_loop: Any) -> asyncio.AbstractEventLoop:
+    """The asyncio loop under a worker's or a client's tornado loop."""
+    return io_loop.asyncio_loop
+
+
+def worker_loop(worker: Any) -> asyncio.AbstractEventLoop:
+    """The asyncio loop of a Dask worker (where its RPCs run)."""
+    return _asyncio_loop(worker.loop)
+
+
+def task_worker() -> Any | None:
+    """The Dask worker running this task, or None outside a task."""
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except (ImportError, ValueError):
+        return None
+
+
+def actor_on(worker: Any, address: str, actor_key: str) -> Any | None:
+    """The actor object ``actor_key`` itself when it lives on ``worker`` (at
+    ``address``), else None: the same-worker lookup, through the worker's actor
+    table (as distributed's own "actor calls actor on same worker")."""
+    if address != worker.address:
+        return None
+    return worker.state.actors.get(actor_key)
+
+
+def _dispatch(obj: Any, method: str, args: Any) -> Any:
+    """``obj.<method>(*args)``, the method named by a string: an ``Actor``
+    handle's remote methods are its attributes (Dask's API), and a server
+    object's are its own."""
+    return getattr(obj, method)(*args)
+
+
+def _actor_was_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is Dask's error for an actor whose worker is gone: a plain
+    ``RuntimeError`` whose text is all that tells it from any other."""
+    return isinstance(exc, RuntimeError) and "Actor was lost" in str(exc)
+
+
+def _task_lost(actor: Any) -> str | None:
+    future = _actor_task(actor)
     if future is not None and future.status not in ("finished", "pending"):
         return f"Worker holding Actor was lost ({future.status})"
     return None
+
+
+def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread is running ``loop`` (where waiting for a call on it
+    would deadlock)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:  # no loop runs in this thread
+        return False
+
+
+def on_client_loop(client: Any) -> bool:
+    """Whether this thread is the Dask client's own event loop thread (where
+    waiting for a call would deadlock)."""
+    return on_loop(_asyncio_loop(client.loop))
+
+
+# -- links -----------------------------------------------------------------------------------
+class _ActorCall:
+    """An ``Actor`` call's future, whose Dask "actor was lost" error is a
+    :class:`~labkv.cluster._errors.ServerLost` of its link."""
+
+    __slots__ = ("future", "link")
+
+    def __init__(self, link: ServerLink, future: Any):
+        self.link, self.future = link, future
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The actor call's result (see :class:`~.base.Waitable`)."""
+        try:
+            return self.future.result(timeout)
+        except RuntimeError as exc:
+            if answered_by(exc) is None and _actor_was_lost(exc):
+                raise self.link.lost_error(exc) from exc
+            raise
+
+    def done(self) -> bool:
+        """Whether the actor call has answered."""
+        return self.future.done()
 
 
 class ActorLink(ServerLink):
@@ -48,17 +142,18 @@ class ActorLink(ServerLink):
     def call(self, method: str, *args: Any) -> Any:
         self.raise_if_lost()
         try:
-            return getattr(self.actor, method)(*_encoded(method, args))
+            future = _dispatch(self.actor, method, _encoded(method, args))
         except (OSError, RuntimeError) as exc:  # "Worker holding Actor was lost"
             raise self.lost_error(exc) from exc
+        return _ActorCall(self, future)
 
     def lost(self) -> str | None:
-        return _actor_lost(self.actor)
+        return _task_lost(self.actor)
 
     def raise_if_lost(self) -> None:
         # A lost scheduler first: it explains every server lost after it (its
         # workers stop with it), and no replica can take over then.
-        client = getattr(self.actor, "_client", None)
+        client = _actor_client(self.actor)
         if client is not None:
             raise_if_scheduler_gone(client)
         super().raise_if_lost()
@@ -68,11 +163,14 @@ class RankLink(ServerLink):
     """A rank's link: each call is a coroutine put on its worker's event loop
     with ``run_coroutine_threadsafe``: one hand-off to the loop, and a finished
     call's result is read without another (an ``Actor`` future's ``result()``
-    always goes through the loop)."""
+    always goes through the loop). ``actor``: the server's ``Actor`` handle,
+    when the rank has one (its task's status tells a loss early)."""
 
-    def __init__(self, sid: int, address: str, actor: Any, worker: Any, loop: Any):
+    def __init__(
+        self, sid: int, address: str, actor_key: str, worker: Any, loop: Any, actor: Any = None
+    ):
         super().__init__(sid, address)
-        self.actor, self.worker, self.loop = actor, worker, loop
+        self.actor_key, self.worker, self.loop, self.actor = actor_key, worker, loop, actor
 
     def call(self, method: str, *args: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(self._coro(method, args), self.loop)
@@ -86,63 +184,71 @@ class RankLink(ServerLink):
     async def _remote(self, method: str, args: tuple) -> Any:
         """What ``Actor.<method>(*args)`` sends, awaited on the worker's loop."""
         return await execute_on(
-            self.worker, self.address, self.actor.key, method, _encoded(method, args)
+            self.worker, self.address, self.actor_key, method, _encoded(method, args)
         )
 
     def lost(self) -> str | None:
-        return _actor_lost(self.actor)
+        return None if self.actor is None else _task_lost(self.actor)
 
 
 class SameProcessLink(RankLink):
     """A rank's link to a server on its own worker: the server's methods that
-    copy what they keep are called in-process (see ``_LOCAL_METHODS``); Dask's
-    actor calls would take a socket to the worker's own address."""
+    copy what they keep are called in-process (``Method.local`` in
+    :mod:`labkv.cluster._protocol.methods`); Dask's actor calls would take a
+    socket to the worker's own address."""
 
     same_process = True
 
-    def __init__(self, sid: int, address: str, actor: Any, worker: Any, loop: Any, server: Any):
-        super().__init__(sid, address, actor, worker, loop)
+    def __init__(
+        self,
+        sid: int,
+        address: str,
+        actor_key: str,
+        worker: Any,
+        loop: Any,
+        server: Any,
+        actor: Any = None,
+    ):
+        super().__init__(sid, address, actor_key, worker, loop, actor)
         self.server = server
 
     def _coro(self, method: str, args: tuple) -> Any:
-        if method not in _LOCAL_METHODS:
+        if not _method(method).local:
             return super()._coro(method, args)
         self.raise_if_lost()
-        if self.worker.state.actors.get(self.actor.key) is not self.server:
+        if actor_on(self.worker, self.address, self.actor_key) is not self.server:
             raise self.lost_error(RuntimeError("the server actor is gone from its worker"))
-        return getattr(self.server, method)(*args)
+        return _dispatch(self.server, method, args)
+
+
+def rank_link(
+    sid: int, address: str, actor_key: str, server_type: type, actor: Any = None
+) -> ServerLink:
+    """A rank's (a Dask task's) link to server ``sid``, the actor ``actor_key``
+    at ``address`` (``actor``: its handle, if the rank has one): in-process to
+    a server on the rank's own worker. Outside a Dask task, or on the worker's
+    loop thread itself (where a blocking wait would deadlock), an actor's own link."""
+    worker = task_worker()
+    loop = None if worker is None else worker_loop(worker)
+    if loop is None or on_loop(loop):
+        if actor is None:
+            from distributed import Actor
+
+            actor = Actor(server_type, address, actor_key)
+        return ActorLink(sid, address, actor)
+    local = actor_on(worker, address, actor_key)
+    if isinstance(local, server_type):
+        return SameProcessLink(sid, address, actor_key, worker, loop, local, actor)
+    return RankLink(sid, address, actor_key, worker, loop, actor)
 
 
 def rank_links(addresses: list[str], actors: list[Any], server_type: type) -> list[ServerLink]:
-    """The links of a rank (a Dask task) to the servers ``actors`` at
-    ``addresses``: in-process to those on its own worker. Outside a Dask task,
-    or on the worker's loop thread itself (where a blocking wait would
-    deadlock), the actors' own links."""
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except (ImportError, ValueError):  # not in a Dask task
-        worker = None
-    loop = None if worker is None else getattr(worker.loop, "asyncio_loop", None)
-    if loop is None or threading.get_ident() == getattr(worker, "thread_id", None):
-        return [ActorLink(s, a, actor) for s, (a, actor) in enumerate(zip(addresses, actors))]
-    links: list[ServerLink] = []
-    for s, (address, actor) in enumerate(zip(addresses, actors, strict=True)):
-        local = None
-        if address == worker.address:
-            local = worker.state.actors.get(getattr(actor, "key", None))
-        if isinstance(local, server_type):
-            links.append(SameProcessLink(s, address, actor, worker, loop, local))
-        else:
-            links.append(RankLink(s, address, actor, worker, loop))
-    return links
-
-
-def on_client_loop(client: Any) -> bool:
-    """Whether this thread is the Dask client's own event loop thread (where
-    waiting for a call would deadlock)."""
-    return getattr(client.loop.asyncio_loop, "_thread_id", None) == threading.get_ident()
+    """The links of a rank to the servers ``actors`` (``Actor`` handles) at
+    ``addresses`` (see :func:`rank_link`)."""
+    return [
+        rank_link(s, address, actor.key, server_type, actor)
+        for s, (address, actor) in enumerate(zip(addresses, actors, strict=True))
+    ]
 
 
 async def execute_on(worker: Any, address: str, actor_key: str, method: str, args: list) -> Any:
@@ -188,11 +294,10 @@ class DaskHost(Host):
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
         if method == "replicate":  # never in-process: a backup keeps what it applies
             return self._replicate(peer, args[0])
-        address, actor_key = peer.address, peer.actor_key
-        local = self.worker.state.actors.get(actor_key) if address == self.address else None
-        if local is not None and hasattr(local, method):
-            return getattr(local, method)(*args)
-        return execute_on(self.worker, address, actor_key, method, args)
+        local = actor_on(self.worker, peer.address, peer.actor_key)
+        if local is not None:
+            return _dispatch(local, method, args)
+        return execute_on(self.worker, peer.address, peer.actor_key, method, args)
 
     async def _replicate(self, peer: Peer, entry: tuple) -> None:
         """``replicate(entry)`` on ``peer``: an entry without big values through
@@ -219,7 +324,7 @@ class DaskHost(Host):
 def scheduler_gone(client: Any) -> str | None:
     """Why ``client`` has no scheduler any more (its connection broke and it is
     reconnecting, or it closed), or None."""
-    status = getattr(client, "status", "running")
+    status = client.status
     if status in ("connecting", "closing", "closed", "failed"):
         return _gone(client, f"the client is {status}")
     return None

@@ -1,0 +1,72 @@
+"""A rank's ``init`` on the servers: the owner's (rank 0, or the notebook when it
+shares its store with a run) sends every key's pieces; any other rank waits
+until the owner's keys exist where it placed them, and checks that the owner
+gave the same shapes, dtypes and ids (:func:`~.split.check_same_init`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from .._errors import ClusterError
+from .._protocol.messages import InitItem
+from . import split as messages
+from .calls import Calls
+
+Items = list[tuple[Any, Any]]
+
+
+def send_init(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
+    """The owner's init of ``items`` (``ids``: each key's id, ``placed``: its
+    pieces), every server its pieces, waited for."""
+    per_server: dict[int, list] = defaultdict(list)
+    for key, array in items:
+        host = messages.host(array)
+        for s, piece in messages.split(host, placed[key]):
+            per_server[s].append(InitItem(key, piece, tuple(host.shape), host.dtype.str, ids[key]))
+    calls.wait(calls.call_each("init", {s: (b,) for s, b in per_server.items()}), "init")
+
+
+def wait_for_owner(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
+    """A non-owner's init: wait until the owner has initialised ``items``
+    where this rank placed them, and check it gave the same shapes, dtypes
+    and ids. A str key the owner numbered otherwise lives elsewhere: every
+    server is asked first (the owner may have initialised it already) and
+    after a wait that timed out, so that the error says why."""
+    named = [k for k, _ in items if isinstance(k, str)]
+    if named:
+        check_owner_ids(calls, named, items, ids)
+    per_server: dict[int, list] = defaultdict(list)
+    for key, _ in items:
+        for p in placed[key]:
+            per_server[p.server].append(key)
+    waits = [(s, calls.call(s, "wait_keys", keys)) for s, keys in per_server.items()]
+    try:
+        found = calls.wait(waits, "init (waiting for rank 0)")
+    except ClusterError:
+        mismatch = _mismatch(calls, named, items, ids) if named else None
+        if mismatch is None:
+            raise
+        raise mismatch from None
+    for meta in found:
+        messages.check_same_init(meta, items, ids)
+
+
+def check_owner_ids(calls: Calls, keys: list, items: Items, ids: dict) -> None:
+    """Refuse ``keys`` that the owner has initialised differently (any server)."""
+    found: dict[Any, Any] = {}
+    for metas in calls.all("keys", keys):
+        found.update(metas)
+    messages.check_same_init(found, items, ids)  # the first key of items named
+
+
+def _mismatch(calls: Calls, keys: list, items: Items, ids: dict) -> ValueError | None:
+    """After a wait for ``keys`` timed out: the error of the owner's other
+    init of one of them, the real cause (None when there is none to see)."""
+    try:
+        check_owner_ids(calls, keys, items, ids)
+    except ValueError as exc:
+        return exc
+    except ClusterError:
+        pass  # the servers cannot say: the timeout stands
+    return None

@@ -1,0 +1,344 @@
+"""What a push and a pull do in each kind of store: one object per server,
+chosen when it starts (:class:`SyncMode`, :class:`AsyncMode`, :class:`SspMode`).
+
+dist_sync rounds (:class:`SyncMode`): per key, the server collects one push per
+rank; the W-th completes the round, the sum goes through ``Shard.apply`` once,
+and the round counter advances. A rank's pull waits for the round its last
+push joined; a sender that never pushed the key (the notebook watching) gets
+the last completed value at once.
+
+dist_async (:class:`AsyncMode`): each push is applied as it arrives (a sliced
+key with a custom updater in server 0's order, see
+:mod:`labkv.cluster._server.updates`); a pull waits for nothing more.
+
+dist_ssp (:class:`SspMode`, :class:`~labkv.cluster._server.clocks.Clocks`):
+pushes are applied as in dist_async and advance the pushing rank's clock of
+their keys; a pull waits until every rank's clock is within the staleness
+bound of the puller's.
+
+Every push first goes through :meth:`Mode.intake`: its keys checked, its
+values read with this server's piece shapes, a resend the log has applied
+dropped, compressed codes decoded. Every pull's reply is :meth:`Mode.values`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Set
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...compression import from_wire
+from ...devices import Device, copy_into, empty
+from ...reduce import sum_into
+from ...shard import Key, Shard
+from .._device import host_copy, host_view, packed_on_host
+from .._protocol.entries import Clock
+from .._protocol.messages import Codes, Push, encode, pack_values, push_items
+from .._protocol.packing import PACK_BELOW
+from .clocks import Clocks, ClocksSnapshot
+from .keys import KeyTable
+from .order import UpdateQueues
+from .reports import Reports
+from .rounds import Failure, SyncRounds
+from .updates import KeptVotes, Updates
+from .waiting import Waiters
+
+if TYPE_CHECKING:
+    from .replication.log import NullLog, ReplicaLog
+
+_NONE: frozenset = frozenset()
+# Values smaller than this are copied before they are returned by a pull: the
+# reply is serialised after the method returns, and an unrelated push could
+# change the stored array in between. Big values of a rank's own sync round are
+# sent without a copy (no push can change them before that rank pushes again).
+_COPY_BELOW = 1 << 20
+
+
+class Staging:
+    """Copies of borrowed values that wait for their round: one buffer per key
+    and rank, free again once the rank's previous value of the key was applied
+    (a rank has at most one value pending per key)."""
+
+    __slots__ = ("device", "buffers")
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.buffers: dict[tuple[Key, int], Any] = {}
+
+    def copy(self, key: Key, rank: int, value: Any) -> Any:
+        stage = self.buffers.get((key, rank))
+        if stage is None or stage.shape != value.shape or stage.dtype != value.dtype:
+            stage = self.buffers[(key, rank)] = empty(value.shape, value.dtype, self.device)
+        copy_into(stage, value)
+        return stage
+
+
+class Mode:
+    """What every mode shares; the hooks a mode may change (see module doc)."""
+
+    def __init__(
+        self,
+        shard: Shard,
+        table: KeyTable,
+        rounds: SyncRounds,
+        reports: Reports,
+        waiting: Waiters,
+        log: NullLog | ReplicaLog,
+        updates: Updates,
+    ) -> None:
+        self.shard, self.table, self.rounds, self.reports = shard, table, rounds, reports
+        self.waiting, self.log, self.updates = waiting, log, updates
+
+    def use(self, log: NullLog | ReplicaLog) -> None:
+        """Issue to ``log`` from now on (the server joined a group of replicas)."""
+        self.log = log
+
+    def intake(self, push: Push) -> list[tuple[Key, Any]]:
+        """``(key, value)`` of a push, to apply (see module doc)."""
+        h = push.header
+        values = self.shard.values
+        for key in h.keys:
+            if key not in values:
+                raise KeyError(f"key {key!r} is not initialised on server {self.table.sid}")
+        items = push_items(push, self._piece_spec)
+        self.reports.bytes_in += sum(v.nbytes for _, v in items)  # as they travelled
+        items = self.log.fresh(h.sender, h.seq, items, self)
+        if h.codes is not None:
+            items = self._decompressed(items, h.codes)
+        return items
+
+    def _piece_spec(self, key: Key) -> tuple[Any, tuple[int, ...]]:
+        """``(dtype, shape)`` of the stored piece of ``key``."""
+        value = self.shard.values[key]
+        return value.dtype, value.shape
+
+    def _decompressed(self, items: list[tuple[Key, Any]], codes: Codes) -> list[tuple[Key, Any]]:
+        """A compressed push's values: each device's codes unpacked and summed, in
+        the rank's order and precision (so the result is bit-exact with a push of
+        the same values uncompressed)."""
+        kind, threshold = codes.kind, codes.threshold
+        result = []
+        for key, packed in items:
+            stored = self.shard.values[key]
+            per_device = from_wire(kind, threshold, packed, stored.size)
+            value = np.empty(stored.shape, np.float32)
+            sum_into(value, [v.reshape(stored.shape) for v in per_device])
+            result.append((key, value))
+        return result
+
+    async def push(self, push: Push) -> None:
+        raise NotImplementedError
+
+    def values(self, keys: list[Key], own: Set[Key]) -> tuple | bytes:
+        """The encoded :class:`~labkv.cluster._protocol.messages.Values` a pull of
+        ``keys`` returns (``own``: those read in the sender's own round)."""
+        values = [self.shard.read(key) for key in keys]
+        self.reports.bytes_out += sum(v.nbytes for v in values)
+        # Small values are packed: one copy to the host for all of them.
+        reply = pack_values(values, small=packed_on_host)
+        for n, i in enumerate(reply.big):
+            value = values[i]
+            if keys[i] not in own or value.nbytes < _COPY_BELOW:
+                value = host_copy(value)
+            reply.bigs[n] = host_view(value)
+        return encode(reply)
+
+    async def readable(self, sender: str, keys: list[Key]) -> Set[Key]:
+        """Wait until ``sender`` may read ``keys``; those it reads in its own
+        round (their big values go without a copy)."""
+        return _NONE
+
+    def outside_open_rounds(self, sender: str, seq: int, items: list) -> list:
+        """``items`` of ``sender``'s ``seq``-th push but those waiting in an open round."""
+        return items
+
+    def lowest_open(self, sender: str, low: int) -> int:
+        """``low``, or the seq of a lower push of ``sender`` in an open round."""
+        return low
+
+    def entry_applied(
+        self, updates: list[tuple[Key, Any]], pushes: list[tuple], failure: Failure | None
+    ) -> None:
+        """A backup applied a log entry (its updates failed as ``failure``)."""
+
+    def promoted(self) -> None:
+        """This replica just became its server's primary."""
+
+    def configure(self, num_workers: int) -> None:
+        """A new run of ``num_workers`` ranks on these servers."""
+
+    def snapshot(self) -> ClocksSnapshot | None:
+        return None
+
+    def restore(self, snap: ClocksSnapshot | None) -> None:
+        pass
+
+
+class SyncMode(Mode):
+    """dist_sync: rounds of W pushes (see module doc)."""
+
+    def __init__(self, *parts: Any, staging: Staging) -> None:
+        super().__init__(*parts)
+        self.staging = staging
+
+    async def push(self, push: Push) -> None:
+        h = push.header
+        sender, rank, seq = h.sender, h.rank, h.seq
+        items = self.intake(push)
+        borrowed = h.borrowed and bool(h.big)
+        rounds, complete = self.rounds, []
+        for key, value in items:
+            if rounds.ahead(key, rank):  # this rank is a round ahead: wait for the others
+                await self.waiting.until(
+                    lambda k=key: not rounds.ahead(k, rank), lambda k=key: self.updates.missing(k)
+                )
+            # A borrowed value that completes its round is summed before this push
+            # returns: only one that waits for other ranks needs a copy of its own.
+            if borrowed and value.nbytes >= PACK_BELOW and not rounds.completes(key):
+                value = self.staging.copy(key, rank, value)
+            completed = rounds.join(key, rank, sender, seq, value, time.monotonic())
+            if self.reports.active:
+                self.reports.receipt(key, value, rank)
+                self.reports.round(key, rounds[key])
+            if completed:
+                complete.append(key)
+        if complete:
+            self.updates.complete(complete, sender)
+
+    async def readable(self, sender: str, keys: list[Key]) -> Set[Key]:
+        """The round of ``sender``'s last push of each key has completed."""
+        rounds, own = self.rounds, set()
+        for key in keys:
+            if not rounds.pushed(sender, key):
+                continue
+            if not rounds.pull_ready(sender, key):
+                await self.waiting.until(
+                    lambda k=key: rounds.pull_ready(sender, k),
+                    lambda k=key: self.updates.missing(k),
+                )
+            own.add(key)
+        return own
+
+    def outside_open_rounds(self, sender: str, seq: int, items: list) -> list:
+        rounds = self.rounds
+        return [(k, v) for k, v in items if rounds[k].senders.get(sender) != seq]
+
+    def lowest_open(self, sender: str, low: int) -> int:
+        return self.rounds.lowest_open(sender, low)
+
+    def entry_applied(
+        self, updates: list[tuple[Key, Any]], pushes: list[tuple], failure: Failure | None
+    ) -> None:
+        """Each updated key's round closes; a failed one is owed as ``failure``."""
+        for key, value in updates:
+            self.rounds[key].finish(failure if value is None else None)
+
+
+class AsyncMode(Mode):
+    """dist_async: pushes applied as they arrive (see module doc)."""
+
+    def __init__(self, *parts: Any, queues: UpdateQueues, kept: KeptVotes) -> None:
+        super().__init__(*parts)
+        self.queues, self.kept = queues, kept
+
+    async def push(self, push: Push) -> None:
+        await self._push(push, None)
+
+    async def _push(self, push: Push, note: Clock | None) -> None:
+        """Apply a push (``note``: what its log entry says of it)."""
+        h = push.header
+        sender, rank, seq = h.sender, h.rank, h.seq
+        items = self.intake(push)
+        if self.reports.active:
+            for key, value in items:
+                self.reports.receipt(key, value, rank)
+        queued = []
+        if self.shard.updater is not None:  # sliced keys: see Updates.queue
+            queued = [(k, v) for k, v in items if k in self.table.sliced]
+            items = [(k, v) for k, v in items if k not in self.table.sliced]
+            for key, value in queued:
+                self.updates.queue(sender, seq, key, value)
+        try:
+            self.log.issue_push(sender, seq, items, note)
+        except Exception as exc:
+            keys = [k for k, _ in items]
+            failure = self.updates.failure(exc, keys, {sender: dict.fromkeys(keys, seq)})
+            raise failure.report_to(sender) from None
+        finally:
+            await self.updates.decided(sender, [k for k, _ in queued])
+
+    def entry_applied(
+        self, updates: list[tuple[Key, Any]], pushes: list[tuple], failure: Failure | None
+    ) -> None:
+        """A sliced key's update (custom updater) is one more decided in server
+        0's order, and numbers its sender's push (as its primary's queue did),
+        so a new primary goes on from there."""
+        if self.shard.updater is None:
+            return
+        sliced = self.table.sliced
+        ordered = [(k, v) for k, v in updates if k in sliced]
+        if not ordered:
+            return
+        for key, value in ordered:
+            self.rounds[key].finish(failure if value is None else None)
+        for sender, key, _ in pushes:
+            if key in sliced:
+                self.queues.of(key).applied(sender)
+
+    def promoted(self) -> None:
+        """Server 0's new primary places its old primary's pushes where that
+        one told the other servers."""
+        if self.table.sid != 0:
+            return
+        for key in self.table.sliced:
+            self.queues.of(key).resume(self.rounds[key].done, self.kept.placed(key))
+
+
+class SspMode(AsyncMode):
+    """dist_ssp: as dist_async, and a pull within the staleness bound (see module doc).
+
+    A push's clocks tick once it is applied or failed: with replicas as part of
+    its log entry (so every replica ticks in the log's order), without when the
+    push is over (after its sliced keys' updates are decided)."""
+
+    def __init__(self, *parts: Any, queues: UpdateQueues, kept: KeptVotes, clocks: Clocks):
+        super().__init__(*parts, queues=queues, kept=kept)
+        self.clocks = clocks
+
+    async def push(self, push: Push) -> None:
+        h = push.header
+        note = Clock(h.rank)
+        try:
+            await self._push(push, note)
+        finally:
+            self.log.after_push(note, h.sender, h.seq, h.keys)
+
+    async def readable(self, sender: str, keys: list[Key]) -> Set[Key]:
+        """Every rank is within the staleness bound of ``sender``'s clock of
+        each key (a sender that never pushed here does not wait); with events
+        on, each key's clocks and how long the pull waited are reported."""
+        clocks = self.clocks
+        rank = clocks.ranks.get(sender)
+        if rank is None:
+            return _NONE
+        watched = self.reports.active
+        for key in keys:
+            start = time.monotonic() if watched else 0.0
+            if not clocks.ready(key, rank):
+                await self.waiting.until(
+                    lambda k=key: clocks.ready(k, rank), lambda k=key: clocks.behind(k, rank)
+                )
+            if watched and self.table.first_piece.get(key, True):
+                self.reports.clocks(clocks, key, rank, time.monotonic() - start)
+        return _NONE
+
+    def configure(self, num_workers: int) -> None:
+        self.clocks.reset(num_workers)
+
+    def snapshot(self) -> ClocksSnapshot:
+        return self.clocks.snapshot()
+
+    def restore(self, snap: ClocksSnapshot | None) -> None:
+        self.clocks.restore(snap)

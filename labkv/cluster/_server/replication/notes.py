@@ -1,0 +1,54 @@
+"""What a log entry's note does on a replica: the one place the notes
+(:mod:`labkv.cluster._protocol.entries`) are told apart by type.
+
+A backup applies the note of every entry it takes. The note of a push's entry
+(a dist_ssp :class:`~labkv.cluster._protocol.entries.Clock`) does the same on
+the primary as it issues the entry; the notes of failed updates, of failures
+told and of votes record what the primary did itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ....shard import Key
+from ..._protocol.entries import Clock, Failed, Note, Told, Vote
+from ..clocks import Clocks
+from ..keys import KeyTable
+from ..rounds import Failure, SyncRounds
+from ..updates import KeptVotes
+
+
+class NoteEffects:
+    """The effects of the notes on server ``sid`` (``clocks``: dist_ssp only)."""
+
+    def __init__(
+        self,
+        sid: int,
+        table: KeyTable,
+        rounds: SyncRounds,
+        kept: KeptVotes,
+        clocks: Clocks | None,
+    ) -> None:
+        self.sid, self.table, self.rounds, self.kept, self.clocks = sid, table, rounds, kept, clocks
+
+    def apply(
+        self, note: Note | None, updates: list[tuple[Key, Any]], pushes: list[tuple]
+    ) -> Failure | None:
+        """Apply ``note`` of an entry of ``updates`` and ``pushes``; the failure
+        a :class:`Failed` note describes (its keys: those updated with None)."""
+        match note:
+            case Failed(error, owed):
+                return Failure(error, self.sid, [k for k, v in updates if v is None], owed)
+            case Told(sender, keys):
+                for key in keys:
+                    self.rounds[key].report_to(sender)
+            case Clock(rank):
+                self.clocked(pushes[0][0], rank, [k for _, k, _ in pushes])
+            case Vote():
+                self.kept.keep(note)
+        return None
+
+    def clocked(self, sender: str, rank: int, keys: list[Key]) -> None:
+        """``rank``'s push (from ``sender``) of ``keys`` counts: its clocks advance."""
+        self.clocks.pushed(sender, rank, [k for k in keys if k in self.table])

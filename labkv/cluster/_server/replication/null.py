@@ -1,0 +1,67 @@
+"""The log of a server without replicas (``replicas=1``): the no-op twin of
+:class:`~labkv.cluster._server.replication.log.ReplicaLog`, with the same
+methods, so that the push, pull and update paths never ask whether a server
+has replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ....shard import Key, Shard
+from ..._protocol.entries import Clock, Vote
+from ..._protocol.messages import Peer
+from ..rounds import Failure, Finish
+from .notes import NoteEffects
+
+if TYPE_CHECKING:
+    from ..modes import Mode
+
+
+class NullLog:
+    """The log of a server without replicas: nothing is forwarded, every update
+    is acknowledged at once, replies are the payload alone."""
+
+    primary = True
+    backups: tuple[Peer, ...] = ()
+    issued = 0  # entries: nothing is logged
+
+    def __init__(self, shard: Shard, effects: NoteEffects) -> None:
+        self.shard, self.effects = shard, effects
+
+    def fresh(self, sender: str, seq: int, items: list, mode: Mode) -> list:
+        return items  # no resends without a failover
+
+    def issue_push(self, sender: str, seq: int, items: list, note: Clock | None) -> None:
+        self.shard.apply([(k, [v]) for k, v in items])
+
+    def after_push(self, note: Clock, sender: str, seq: int, keys: list[Key]) -> None:
+        """Nothing carries a push's note: it takes effect when the push is over."""
+        self.effects.clocked(sender, note.rank, keys)
+
+    def rounds_done(
+        self,
+        keys: list[Key],
+        failure: Failure | None,
+        told: str | None,
+        pushes: list[tuple] | None,
+        finish: Finish,
+    ) -> None:
+        for key in keys:
+            finish(key, failure)
+
+    def vote(self, vote: Vote, send: Callable[[], None]) -> None:
+        send()
+
+    def told(self, sender: str, keys: list[Key]) -> None:
+        pass
+
+    async def replicated(self) -> None:
+        pass
+
+    def reply(self, sender: str, payload: Any, mode: Mode) -> Any:
+        return payload
+
+    def load(self) -> dict[str, Any]:
+        return {}

@@ -1,0 +1,147 @@
+"""Seeding a replica with the whole state of another: its values, optimizer
+or updater, keys, rounds, votes, clocks and the senders' sequence numbers,
+so that every entry issued after the snapshot is forwarded to it and none
+before is needed.
+
+The state travels as one :class:`ServerSnapshot`, each part taken from and
+restored into the object that holds it (``snapshot()`` / ``restore()``), with
+:class:`ShardSnapshot` for the :class:`~labkv.shard.Shard`. Everything in it
+pickles; what may hold a notebook's class (an updater, its errors) is
+cloudpickled inside, as Dask would not know to.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+import cloudpickle
+import numpy as np
+
+from ....devices import Device, to_device
+from ....optimizers import Optimizer
+from ....shard import Key, Shard
+from ..._device import host_copy
+from ..._protocol.messages import Peer
+from ..._transport.base import Host
+from ..clocks import ClocksSnapshot
+from ..keys import KeysSnapshot, KeyTable
+from ..modes import Mode
+from ..order import SenderOrder, UpdateQueues
+from ..rounds import RoundsSnapshot, SyncRounds
+from ..updates import KeptVotes, Peers
+from .log import LogSnapshot, ReplicaLog
+
+
+@dataclass
+class ShardSnapshot:
+    """A shard's values (host copies) and its settings: the optimizer's config
+    and states, or the cloudpickled updater; ``provisional``: set by a
+    non-owner (the owner's equal optimizer keeps it)."""
+
+    values: dict[Key, np.ndarray]
+    optimizer: dict | None
+    states: tuple | None
+    updater: bytes | None
+    provisional: bool
+    last_setting: dict[str, str]
+
+    @classmethod
+    def of(cls, shard: Shard) -> ShardSnapshot:
+        optimizer = None if shard.optimizer is None else shard.optimizer.to_config()
+        states = None
+        if optimizer is not None:
+            num_update, counts, per_key = shard.export_states()
+            states = (num_update, counts, {k: tuple(map(host_copy, s)) for k, s in per_key.items()})
+        updater = None if shard.updater is None else cloudpickle.dumps(shard.updater)
+        values = {k: host_copy(v) for k, v in shard.values.items()}
+        return cls(values, optimizer, states, updater, shard.provisional, dict(shard.last_setting))
+
+    def restore(self, shard: Shard, device: Device) -> None:
+        """Put this state into ``shard``, its values on ``device``."""
+        for key, value in self.values.items():
+            value = to_device(np.asarray(value), device)
+            if key in shard:
+                shard.relocate(key, value)
+            else:
+                shard.init(key, value)
+        shard.last_setting.clear()
+        shard.last_setting.update(self.last_setting)
+        if self.optimizer is not None:
+            shard.set_optimizer(Optimizer.from_config(self.optimizer), self.provisional)
+            shard.import_states(*self.states)
+        elif self.updater is not None:
+            shard.set_updater(pickle.loads(self.updater), self.provisional)
+
+
+@dataclass
+class ServerSnapshot:
+    """The whole state of a replica (see module doc)."""
+
+    log: LogSnapshot
+    shard: ShardSnapshot
+    keys: KeysSnapshot
+    rounds: RoundsSnapshot
+    senders: dict[str, int]
+    peers: list[tuple[str, str]]
+    votes: bytes
+    queues: dict[Key, dict[str, int]]
+    mode: ClocksSnapshot | None
+
+
+class Seeding:
+    """Snapshots of server ``sid``'s parts, sent to a new (or surviving) replica
+    and restored there."""
+
+    def __init__(
+        self,
+        sid: int,
+        device: Device,
+        host: Host,
+        shard: Shard,
+        table: KeyTable,
+        rounds: SyncRounds,
+        senders: SenderOrder,
+        peers: Peers,
+        kept: KeptVotes,
+        queues: UpdateQueues,
+        log: ReplicaLog,
+        mode: Mode,
+    ) -> None:
+        self.sid, self.device, self.host = sid, device, host
+        self.shard, self.table, self.rounds, self.senders = shard, table, rounds, senders
+        self.peers, self.kept, self.queues, self.log, self.mode = peers, kept, queues, log, mode
+
+    def snapshot(self) -> ServerSnapshot:
+        return ServerSnapshot(
+            log=self.log.snapshot(),
+            shard=ShardSnapshot.of(self.shard),
+            keys=self.table.snapshot(),
+            rounds=self.rounds.snapshot(),
+            senders=self.senders.snapshot(),
+            peers=self.peers.snapshot(),
+            votes=self.kept.snapshot(),
+            queues=self.queues.snapshot(),
+            mode=self.mode.snapshot(),
+        )
+
+    def restore(self, snap: ServerSnapshot) -> None:
+        snap.shard.restore(self.shard, self.device)
+        self.table.restore(snap.keys)
+        self.rounds.restore(snap.rounds, self.sid)
+        self.log.restore(snap.log)
+        self.senders.restore(snap.senders)
+        self.peers.link(snap.peers)
+        self.kept.restore(snap.votes)
+        self.queues.restore(snap.queues)
+        self.mode.restore(snap.mode)
+
+    async def seed(self, peer: tuple[str, str]) -> None:
+        """Send this replica's whole state to ``peer``: every update issued
+        before the snapshot is in it, every one after is forwarded to it. A
+        replica that cannot take it leaves the group."""
+        peer = Peer._make(peer)
+        try:
+            await self.host.call_peer(peer, "seed", [self.snapshot()])
+        except Exception:
+            self.log.group.drop([peer])
