@@ -4,13 +4,18 @@ each other (the cluster check compares the numbers, see ``labkv.cluster._runtime
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib
 import inspect
+import pkgutil
 import re
 from pathlib import Path
 
 import labkv
+import labkv.cluster
 from labkv.cluster._options import StoreSpec
+from labkv.cluster._protocol import entries as _entries
 from labkv.cluster._protocol import messages as _wire
 from labkv.cluster._server.actor import Server
 
@@ -18,17 +23,36 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The wire's fingerprint for each protocol number. When the wire changes, give
 #: labkv.PROTOCOL a new number and record its fingerprint here.
-FINGERPRINTS = {2: "d2047b40c956718b"}
+FINGERPRINTS = {2: "d2047b40c956718b", 3: "ef30d086681bc611"}
+
+
+def _snapshots() -> list[type]:
+    """Every ``...Snapshot`` dataclass of the cluster package (what a primary
+    sends a new replica), found by walking the package."""
+    found = []
+    for info in pkgutil.walk_packages(labkv.cluster.__path__, "labkv.cluster."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            mine = isinstance(obj, type) and obj.__module__ == module.__name__
+            if mine and name.endswith("Snapshot") and dataclasses.is_dataclass(obj):
+                found.append(obj)
+    return sorted(found, key=lambda c: f"{c.__module__}.{c.__qualname__}")
 
 
 def wire_description() -> str:
     """What the processes of a store send each other: every message type's
-    fields and every server method a rank or a peer calls, with its parameters."""
+    fields, every log-entry note's, every snapshot a new replica is seeded
+    from, and every server method a rank or a peer calls, with its parameters;
+    each with the module it is pickled under."""
     lines = []
-    for name, obj in sorted(vars(_wire).items()):
-        if isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields"):
-            lines.append(f"message {name}{obj._fields}")
-    lines.append(f"spec {sorted(StoreSpec.__dataclass_fields__)}")
+    for kind, module in (("message", _wire), ("note", _entries)):
+        for name, obj in sorted(vars(module).items()):
+            if isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields"):
+                lines.append(f"{kind} {obj.__module__}.{name}{obj._fields}")
+    for snapshot in _snapshots():
+        fields = [f.name for f in dataclasses.fields(snapshot)]
+        lines.append(f"snapshot {snapshot.__module__}.{snapshot.__qualname__}{fields}")
+    lines.append(f"spec {StoreSpec.__module__} {sorted(StoreSpec.__dataclass_fields__)}")
     for name, method in sorted(inspect.getmembers(Server, inspect.isfunction)):
         if not name.startswith("_"):
             lines.append(f"server {name}{list(inspect.signature(method).parameters)}")
@@ -46,8 +70,13 @@ def test_the_protocol_number_changes_with_the_wire():
 
 def test_the_wire_description_sees_messages_and_server_methods():
     described = wire_description()
-    assert "message Push(" in described and "server push['self', 'msg']" in described
-    assert "server init[" in described and "spec [" in described
+    assert (
+        "message labkv.cluster._protocol.messages.Push(" in described
+        and "server push['self', 'msg']" in described
+    )
+    assert "server init[" in described and "spec labkv.cluster._options [" in described
+    assert "note labkv.cluster._protocol.entries.Clock('rank',)" in described
+    assert "snapshot labkv.cluster._server.replication.seed.ServerSnapshot[" in described
 
 
 def test_the_package_version_is_the_one_labkv_reports():

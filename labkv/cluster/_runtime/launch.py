@@ -27,9 +27,18 @@ from .._options import (
 from .._placement import DEFAULT_BIGARRAY_BOUND
 from .._rank.store import DistStore
 from .._server.actor import Server
+from .._transport.dask import DaskHost
 from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
 from .links import new_store
+
+
+class DaskServer(Server):
+    """A :class:`Server` as a Dask actor: its host is the worker that runs it (the
+    server itself knows nothing of Dask, so tests run it in-process)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args, host=DaskHost())
 
 
 def check_cluster_args(cluster: Any, timeout: Any) -> None:
@@ -154,7 +163,7 @@ def start_server(
     ``sid``), pinned to the worker at ``address``."""
     suffix = "" if replica == 0 else f"-r{replica}"
     return handle.client.submit(
-        Server,
+        DaskServer,
         sid,
         store_id,
         num_workers,

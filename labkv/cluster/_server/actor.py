@@ -35,7 +35,6 @@ from .._events import EventStream
 from .._protocol.entries import decode_entry
 from .._protocol.messages import InitItem, KeyMeta, Pull, Push, States, decode_pull, decode_push
 from .._transport.base import Host
-from .._transport.dask import DaskHost
 from .clocks import Clocks
 from .control import Settings
 from .keys import KeyTable
@@ -68,9 +67,9 @@ class Server:
         topic: str,
         device: str = "cpu",
         staleness: int | None = None,
-        host: Host | None = None,
+        *,
+        host: Host,
     ):
-        host = DaskHost() if host is None else host
         self.device = pick_server_device(device, sid, f"Dask worker {host.address}")
         self.device_name = device_label(self.device)
         warm_up(self.device)  # first-use kernel compiles now, not inside the first push
