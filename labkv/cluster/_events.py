@@ -50,30 +50,6 @@ from ..events import Event, EventBus, Subscription
 FLUSH_INTERVAL_S = 0.1
 
 
-#: When :func:`forget_topic` looks again: a server's last batch may still be on
-#: its way (workers send events to the scheduler on their own batched stream).
-FORGET_AGAIN_S = (0.5, 2.0)
-
-
-def forget_topic(topic: str, dask_scheduler: Any = None) -> bool:
-    """Drop ``topic``'s events from the scheduler while nobody subscribes to it,
-    now and again after :data:`FORGET_AGAIN_S` (run there by
-    ``client.run_on_scheduler``). The scheduler keeps up to 1000 batches of
-    every topic it ever saw, and nothing else removes them: without this, each
-    watched store left its last batches there for good. Whether it was dropped now."""
-    for delay in FORGET_AGAIN_S:
-        dask_scheduler.loop.call_later(delay, _drop_topic, dask_scheduler, topic)
-    return _drop_topic(dask_scheduler, topic)
-
-
-def _drop_topic(dask_scheduler: Any, topic: str) -> bool:
-    topics = getattr(getattr(dask_scheduler, "_broker", None), "_topics", None)
-    if topics is None or topic not in topics or topics[topic].subscribers:
-        return False
-    del topics[topic]
-    return True
-
-
 def topic_of(store_id: str) -> str:
     """The ``log_event`` topic of a store's events.
 

@@ -7,6 +7,7 @@
   in-process: no serialisation, no loopback TCP; arguments travel by reference.
 - :class:`DaskHost`: what a server needs from its Dask worker.
 - :func:`scheduler_gone`: whether a client's scheduler is gone, and why.
+- :func:`forget_topic`: a store's event topic dropped from the scheduler.
 
 Every use of Dask internals by a link or a host (an actor handle's task,
 client and address, a worker's actor table and loop, the ``actor_execute``
@@ -344,3 +345,28 @@ def raise_if_scheduler_gone(client: Any) -> None:
     why = scheduler_gone(client)
     if why is not None:
         raise ClusterError(why)
+
+
+# -- the scheduler's event topics ------------------------------------------------------
+#: When :func:`forget_topic` looks again: a server's last batch may still be on
+#: its way (workers send events to the scheduler on their own batched stream).
+FORGET_AGAIN_S = (0.5, 2.0)
+
+
+def forget_topic(topic: str, dask_scheduler: Any = None) -> bool:
+    """Drop ``topic``'s events from the scheduler while nobody subscribes to it,
+    now and again after :data:`FORGET_AGAIN_S` (run there by
+    ``client.run_on_scheduler``). The scheduler keeps up to 1000 batches of
+    every topic it ever saw, and nothing else removes them: without this, each
+    watched store left its last batches there for good. Whether it was dropped now."""
+    for delay in FORGET_AGAIN_S:
+        dask_scheduler.loop.call_later(delay, _drop_topic, dask_scheduler, topic)
+    return _drop_topic(dask_scheduler, topic)
+
+
+def _drop_topic(dask_scheduler: Any, topic: str) -> bool:
+    topics = getattr(getattr(dask_scheduler, "_broker", None), "_topics", None)
+    if topics is None or topic not in topics or topics[topic].subscribers:
+        return False
+    del topics[topic]
+    return True
