@@ -34,6 +34,7 @@ from .._errors import ClusterError, answered
 from .._events import EventStream
 from .._protocol.entries import decode_entry
 from .._protocol.messages import InitItem, KeyMeta, Pull, Push, States, decode_pull, decode_push
+from .._tasks import TaskGroup
 from .._transport.base import Host
 from .clocks import Clocks
 from .control import Settings
@@ -48,7 +49,7 @@ from .replication.seed import Seeding, ServerSnapshot
 from .reports import Reports
 from .rounds import SyncRounds
 from .updates import KeptVotes, Peers, SliceVotes, Updates
-from .waiting import TaskGroup, Waiters
+from .waiting import Waiters
 
 
 class Server:

@@ -31,10 +31,11 @@ from ...shard import Key, Shard
 from .._errors import add_note, portable
 from .._protocol.entries import Vote
 from .._protocol.messages import Peer
+from .._tasks import TaskGroup
 from .._transport.base import Host
 from .order import UpdateQueues
 from .rounds import Failure, Round, SyncRounds, failure_note, pushed_by
-from .waiting import TaskGroup, Waiters
+from .waiting import Waiters
 
 if TYPE_CHECKING:
     from .keys import KeyTable

@@ -49,6 +49,7 @@ import weakref
 from typing import Any
 
 from .._errors import deposed, is_deposed
+from .._tasks import TaskGroup
 
 #: The worker handler that answers a channel listener's ``(host, port, token)``.
 HANDLER = "labkv_channel"
@@ -132,7 +133,7 @@ class _Listener:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Run every call on one connection as it arrives (an entry may wait for
         the one before it), answering each when it is done."""
-        running: set[asyncio.Future] = set()
+        running = TaskGroup()
         self.connections.add(writer)
         try:
             if not await self._authenticated(reader):
@@ -146,11 +147,7 @@ class _Listener:
                     return
                 actor_key = (await reader.readexactly(key_len)).decode()
                 blob = await reader.readexactly(blob_len)
-                task = asyncio.ensure_future(
-                    self._answer(writer, call_id, actor_key, (index, blob, []))
-                )
-                running.add(task)
-                task.add_done_callback(running.discard)
+                running.spawn(self._answer(writer, call_id, actor_key, (index, blob, [])))
         except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # the primary closed the channel, its worker died, or this one closes
         except Exception as exc:  # a malformed stream: close it, quietly
@@ -268,9 +265,7 @@ class Channel:
         if self._finalizer is not None:
             self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_soon, asyncio.get_running_loop(), writer)
-        task = asyncio.ensure_future(_read_replies(reader, writer, self.pending))
-        _READERS.add(task)
-        task.add_done_callback(_READERS.discard)
+        _READERS.spawn(_read_replies(reader, writer, self.pending))
         return writer
 
 
@@ -281,7 +276,7 @@ def _close_soon(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter) -
         loop.call_soon_threadsafe(writer.close)
 
 
-_READERS: set[asyncio.Future] = set()  # the loop keeps only weak references to tasks
+_READERS = TaskGroup()  # every channel's reply reader
 
 
 async def _read_replies(

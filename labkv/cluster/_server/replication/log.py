@@ -38,12 +38,13 @@ from ..._device import host_view
 from ..._errors import deposed, is_deposed
 from ..._protocol.entries import Clock, Entry, Failed, Note, Told, Vote, encode_entry
 from ..._protocol.messages import Peer
+from ..._tasks import TaskGroup
 from ..._transport.base import POLL_S, Host
 from ..order import SenderOrder
 from ..reports import Reports
 from ..rounds import Failure, Finish, SyncRounds
 from ..updates import KeptVotes
-from ..waiting import TaskGroup, Waiters
+from ..waiting import Waiters
 from .group import Group
 from .notes import NoteEffects
 
