@@ -41,12 +41,26 @@ def room(module: str) -> str:
     return "base"
 
 
-def imports(module: str, path: Path) -> list[tuple[int, str]]:
-    """Every module ``module`` imports, anywhere in it (functions and
-    ``TYPE_CHECKING`` blocks included), as absolute names, with their lines."""
+def _type_only(tree: ast.AST) -> set[int]:
+    """The ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found |= {id(n) for child in node.body for n in ast.walk(child)}
+    return found
+
+
+def imports(module: str, path: Path, typing: bool = True) -> list[tuple[int, str]]:
+    """Every module ``module`` imports, anywhere in it (functions included, and
+    ``TYPE_CHECKING`` blocks unless ``typing`` is False), as absolute names,
+    with their lines."""
     package = module.split(".")[:-1]
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = set() if typing else _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -140,3 +154,32 @@ def probes() -> list[str]:
                 if any(word in target for word in ("link", "future", "call")):
                     out.append(f"{path.relative_to(CLUSTER)}:{node.lineno} {ast.unparse(node)}")
     return out
+
+
+def cycles() -> list[list[str]]:
+    """Import circles among the cluster's modules, counting every import that
+    runs (module level or in a function; type-only imports do not run)."""
+    known = modules()
+    graph = {
+        m: sorted({t for _, t in imports(m, p, typing=False) if t in known and t != m})
+        for m, p in known.items()
+    }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in graph[m]:
+            if state.get(t) == 1:
+                found.append(stack[stack.index(t) :] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m)
+    return found

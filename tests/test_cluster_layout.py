@@ -28,6 +28,15 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
     assert len(found) == 2, found
     assert any("_server/actor.py:1 (_server) imports labkv.cluster._rank.store" in v for v in found)
     assert any("_rank/store.py:2 imports distributed" in v for v in found)
+    (cluster / "_rank" / "calls.py").write_text("def g():\n    from .store import f\n")
+    (cluster / "_rank" / "store.py").write_text("from .calls import g\n")
+    assert _layout.cycles() == [
+        ["labkv.cluster._rank.calls", "labkv.cluster._rank.store", "labkv.cluster._rank.calls"]
+    ]
+
+
+def test_no_import_circles_even_through_imports_inside_functions():
+    assert _layout.cycles() == []
 
 
 def test_no_module_over_400_lines_and_no_folder_over_10_modules():

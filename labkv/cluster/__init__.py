@@ -14,7 +14,7 @@ from ._errors import ClusterError
 from ._placement import key_id, place
 from ._rank.store import DistStore
 from ._runtime.connect import ClusterHandle, connect, default_handle
-from ._runtime.launch import create_store
+from ._runtime.links import create_store
 from ._runtime.run import run
 
 __all__ = [

@@ -1,8 +1,8 @@
-"""Starting a store's servers, and the store a notebook makes.
+"""Starting a store's servers on Dask workers.
 
-- :class:`StoreSpec`: what a rank needs to reach a store's servers.
+- :class:`DaskServer`: a server actor whose host is its worker.
 - :func:`start_servers`: the server actors of a new store, pinned to workers.
-- :func:`create_store`: ``labkv.create('dist_sync', cluster=handle)``.
+- :func:`start_server`: one of them (or a new replica, see ``reseed``).
 - :func:`check_cluster_args`: the checks made before anything starts.
 """
 
@@ -14,23 +14,16 @@ from typing import Any
 
 import distributed
 
-from ..._types import SYNC_KINDS, dist_kind
-from .._device import parse_server_device
+from ..._types import SYNC_KINDS
 from .._errors import TIMEOUTS, ClusterError
 from .._events import topic_of
 from .._options import (
-    DEFAULT_TIMEOUT_S,
     StoreSpec,
-    check_replicas,
-    check_staleness,
 )
 from .._placement import DEFAULT_BIGARRAY_BOUND
-from .._rank.store import DistStore
 from .._server.actor import Server
 from .._transport.dask import DaskHost
-from .compat import check_cluster
-from .connect import ClusterHandle, default_handle
-from .links import new_store
+from .connect import ClusterHandle
 
 
 class DaskServer(Server):
@@ -177,84 +170,4 @@ def start_server(
         allow_other_workers=False,
         pure=False,
         key=f"labkv-server-{store_id}-{sid}{suffix}",
-    )
-
-
-def create_store(
-    kind: str,
-    cluster: ClusterHandle | None = None,
-    num_servers: int | None = None,
-    bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    server_workers: list[str] | None = None,
-    server_device: str = "auto",
-    staleness: int | None = None,
-    replicas: int = 1,
-) -> DistStore:
-    """A ``dist_*`` store for this process (rank 0 of 1): what
-    ``labkv.create('dist_sync', cluster=handle, num_servers=S)`` calls.
-    ``kind`` is any distributed type name ``labkv.create`` takes (MXNet's
-    ``'dist'`` and ``'dist_sync_device'`` too).
-
-    ``cluster``: a handle from :func:`labkv.cluster.connect` (default: the
-    cluster this process attached to, see :func:`labkv.cluster.default_handle`;
-    an embedded one is started only when there is none). The scheduler and the
-    workers are checked first (labkv's version and wire protocol, numpy's major
-    version): a mismatch fails within seconds, naming each node. ``num_servers`` defaults to the
-    number of Dask workers; ``server_workers`` pins servers to given workers
-    (round-robin). ``timeout`` bounds every cross-process wait.
-    ``server_device``: where servers keep their values: ``'auto'`` (the
-    worker's GPU when it has one, else the host), ``'cpu'``, ``'gpu'`` or
-    ``'gpu(i)'`` (see ``kv.placement()``). ``staleness`` (``'dist_ssp'``
-    only, required there): a pull by a rank that has pushed a key ``c`` times
-    waits until every rank has pushed it ``c - staleness`` times (0: as
-    dist_sync; large: as dist_async); a push of a list of keys is one push of
-    each; see ``docs/cluster.md``. ``replicas``:
-    how many copies of each server live on different workers (default 1);
-    with 2 or more, losing a server's worker loses nothing acknowledged: its
-    backup takes over, and ``kv.placement()`` names every piece's replicas.
-
-    >>> import labkv
-    >>> kv = labkv.create("dist_sync", cluster=handle, num_servers=2)  # doctest: +SKIP
-    >>> kv.rank, kv.num_workers  # doctest: +SKIP
-    (0, 1)
-    >>> kv = labkv.create("dist_sync", cluster=handle, num_servers=1, replicas=2)  # doctest: +SKIP
-    >>> kv.init(0, np.zeros(2)); kv.placement()[0][0]["replicas"]  # doctest: +SKIP
-    ['tcp://127.0.0.1:40001', 'tcp://127.0.0.1:40002']
-    """
-    kind, name = dist_kind(kind), kind.lower()
-    check_cluster_args(cluster, timeout)
-    staleness = check_staleness(kind, staleness)
-    replicas = check_replicas(replicas)
-    if num_servers is not None and (not isinstance(num_servers, int) or num_servers < 1):
-        raise ValueError(f"num_servers must be a positive int, got {num_servers!r}")
-    if int(bigarray_bound) < 1:
-        raise ValueError(f"bigarray_bound must be positive, got {bigarray_bound!r}")
-    parse_server_device(server_device)
-    handle = cluster if cluster is not None else default_handle()
-    workers = server_workers or handle.workers()
-    num_servers = num_servers or len(workers)
-    check_cluster(handle, workers)
-    futures, actors, spec = start_servers(
-        handle,
-        kind,
-        num_servers,
-        1,
-        timeout,
-        workers,
-        server_device,
-        bigarray_bound,
-        name=name,
-        staleness=staleness,
-        replicas=replicas,
-    )
-    return new_store(
-        spec,
-        actors[:num_servers],
-        0,
-        1,
-        owner=True,
-        handle=handle,
-        release=lambda: handle.client.cancel(futures),
-        replica_actors=actors,
     )

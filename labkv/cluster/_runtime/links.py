@@ -5,7 +5,9 @@ rank (a Dask task) through its worker's loop, in-process to a server on its
 own worker. Servers with replicas are wrapped in one
 :class:`~labkv.cluster._rank.failover.ReplicatedLink` per server id.
 :func:`new_store` builds the links, the store, and the re-seeding of a lost
-replica (a driver's job), so that the rank's code never imports the driver.
+replica (a driver's job), so that the rank's code never imports the driver;
+:func:`create_store` is the store a notebook makes (``labkv.create('dist_sync',
+cluster=handle)``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,17 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from ..._types import dist_kind
+from .._device import parse_server_device
+from .._options import DEFAULT_TIMEOUT_S, check_replicas, check_staleness
+from .._placement import DEFAULT_BIGARRAY_BOUND
 from .._rank.failover import ReplicatedLink
 from .._rank.store import DistStore
 from .._transport.base import ServerLink
 from .._transport.dask import ActorLink, rank_link, rank_links, task_worker, worker_loop, workers_of
+from .compat import check_cluster
+from .connect import ClusterHandle, default_handle
+from .launch import check_cluster_args, start_servers
 from .reseed import replica_lost
 
 
@@ -131,4 +140,84 @@ def new_store(
         handle=handle,
         release=None if release is None else release_all,
         on_replica_lost=lost,
+    )
+
+
+def create_store(
+    kind: str,
+    cluster: ClusterHandle | None = None,
+    num_servers: int | None = None,
+    bigarray_bound: int = DEFAULT_BIGARRAY_BOUND,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    server_workers: list[str] | None = None,
+    server_device: str = "auto",
+    staleness: int | None = None,
+    replicas: int = 1,
+) -> DistStore:
+    """A ``dist_*`` store for this process (rank 0 of 1): what
+    ``labkv.create('dist_sync', cluster=handle, num_servers=S)`` calls.
+    ``kind`` is any distributed type name ``labkv.create`` takes (MXNet's
+    ``'dist'`` and ``'dist_sync_device'`` too).
+
+    ``cluster``: a handle from :func:`labkv.cluster.connect` (default: the
+    cluster this process attached to, see :func:`labkv.cluster.default_handle`;
+    an embedded one is started only when there is none). The scheduler and the
+    workers are checked first (labkv's version and wire protocol, numpy's major
+    version): a mismatch fails within seconds, naming each node. ``num_servers`` defaults to the
+    number of Dask workers; ``server_workers`` pins servers to given workers
+    (round-robin). ``timeout`` bounds every cross-process wait.
+    ``server_device``: where servers keep their values: ``'auto'`` (the
+    worker's GPU when it has one, else the host), ``'cpu'``, ``'gpu'`` or
+    ``'gpu(i)'`` (see ``kv.placement()``). ``staleness`` (``'dist_ssp'``
+    only, required there): a pull by a rank that has pushed a key ``c`` times
+    waits until every rank has pushed it ``c - staleness`` times (0: as
+    dist_sync; large: as dist_async); a push of a list of keys is one push of
+    each; see ``docs/cluster.md``. ``replicas``:
+    how many copies of each server live on different workers (default 1);
+    with 2 or more, losing a server's worker loses nothing acknowledged: its
+    backup takes over, and ``kv.placement()`` names every piece's replicas.
+
+    >>> import labkv
+    >>> kv = labkv.create("dist_sync", cluster=handle, num_servers=2)  # doctest: +SKIP
+    >>> kv.rank, kv.num_workers  # doctest: +SKIP
+    (0, 1)
+    >>> kv = labkv.create("dist_sync", cluster=handle, num_servers=1, replicas=2)  # doctest: +SKIP
+    >>> kv.init(0, np.zeros(2)); kv.placement()[0][0]["replicas"]  # doctest: +SKIP
+    ['tcp://127.0.0.1:40001', 'tcp://127.0.0.1:40002']
+    """
+    kind, name = dist_kind(kind), kind.lower()
+    check_cluster_args(cluster, timeout)
+    staleness = check_staleness(kind, staleness)
+    replicas = check_replicas(replicas)
+    if num_servers is not None and (not isinstance(num_servers, int) or num_servers < 1):
+        raise ValueError(f"num_servers must be a positive int, got {num_servers!r}")
+    if int(bigarray_bound) < 1:
+        raise ValueError(f"bigarray_bound must be positive, got {bigarray_bound!r}")
+    parse_server_device(server_device)
+    handle = cluster if cluster is not None else default_handle()
+    workers = server_workers or handle.workers()
+    num_servers = num_servers or len(workers)
+    check_cluster(handle, workers)
+    futures, actors, spec = start_servers(
+        handle,
+        kind,
+        num_servers,
+        1,
+        timeout,
+        workers,
+        server_device,
+        bigarray_bound,
+        name=name,
+        staleness=staleness,
+        replicas=replicas,
+    )
+    return new_store(
+        spec,
+        actors[:num_servers],
+        0,
+        1,
+        owner=True,
+        handle=handle,
+        release=lambda: handle.client.cancel(futures),
+        replica_actors=actors,
     )

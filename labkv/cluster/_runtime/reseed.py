@@ -18,6 +18,7 @@ from .._errors import ClusterError
 from .._rank.failover import ReplicatedLink
 from .._transport.dask import ActorLink
 from .connect import ClusterHandle
+from .launch import start_server
 
 
 def free_worker(handle: ClusterHandle, holders: list[str]) -> str | None:
@@ -38,7 +39,6 @@ def reseed(
     The new replica's worker, or None when every live worker holds one or is
     ``busy`` (runs a rank: an actor starts as a task, which would wait for the
     rank to end)."""
-    from .launch import start_server
 
     members = [(m.address, m.actor_key) for m in link.members]
     # The scheduler may still list a worker this link has found dead: an actor
