@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ._types import Key
 from .devices import as_array, is_cupy
-
-Key = int | str
 
 
 class LengthMismatchError(ValueError, TypeError):

@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from ._args import group, normalize_keys
-
-Key = int | str
+from ._types import Key
 
 
 def _kind_name(kind: type) -> str:

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import _statefile
-
-Key = int | str
+from ._types import Key
 
 
 def save(

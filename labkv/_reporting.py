@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from ._summary import summarize, summarize_sum
+from ._types import Key
 from .devices import device_of
 from .events import EventBus
 
-Key = int | str
 Items = list[tuple[Key, list[Any]]]
 
 

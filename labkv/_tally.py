@@ -39,7 +39,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-Key = int | str
 #: (op, key, rank, server): what one slot counts
 SlotId = tuple[str, Any, int, Any]
 

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+#: a store's key: MXNet takes ints and strs (one kind per store)
+Key = int | str
+
 #: name -> the labkv store it makes
 STORE_TYPES: dict[str, str] = {
     "local": "local",

@@ -23,11 +23,10 @@ from typing import Any
 import numpy as np
 
 from . import _optstates
+from ._types import Key
 from .compression import GradientCompression
 from .optimizers import Optimizer
 from .optimizers import create as create_optimizer
-
-Key = int | str
 
 
 class Updating:

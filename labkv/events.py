@@ -32,6 +32,7 @@ from typing import Any
 from ._summary import summarize, summarize_sum
 from ._tally import SPENT, Tallies
 from ._trace import export_trace, to_trace
+from ._types import Key
 from .devices import device_of
 
 __all__ = [
@@ -43,8 +44,6 @@ __all__ = [
     "summarize_sum",
     "to_trace",
 ]
-
-Key = int | str
 
 
 @dataclass(slots=True)

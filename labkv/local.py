@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 
 from ._interrupts import sigint_held
+from ._types import Key
 from .devices import Device, copy_into, cpu, device_of, empty_like, is_cupy, to_device
 from .optimizers import Optimizer
 from .reduce import HomeDevices
 from .shard import Shard
-from .store import Items, Key, KVStore
+from .store import Items, KVStore
 
 
 class LocalStore(KVStore):

@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
+from ._types import Key
 from .devices import device_of, empty_like, new_like, on_device, to_device
 from .events import EventBus, summarize
 from .reduce import sum_into
 
-Key = int | str
 Updater = Callable[[Key, Any, Any], Any]
 
 

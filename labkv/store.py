@@ -33,6 +33,7 @@ from ._args import (
 from ._checks import Checks
 from ._reporting import Reporting
 from ._rows import row_id_lists
+from ._types import Key
 from ._updating import Updating
 from .compression import GradientCompression
 from .devices import array_module, copy_into
@@ -40,7 +41,6 @@ from .events import EventBus
 from .optimizers import Optimizer
 from .shard import check_new_keys
 
-Key = int | str
 Items = list[tuple[Key, list[Any]]]
 
 

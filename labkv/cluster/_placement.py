@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-Key = int | str
+from .._types import Key
 
 DEFAULT_BIGARRAY_BOUND = 1_000_000
 

@@ -29,12 +29,11 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Any
 
+from .._types import Key
 from ..events import Event
 from ._records import CHANGING_OPS, UPDATER_OPS, FanIn, KeyClocks, KeyStats, ServerLoad, Summary
 
 __all__ = ["FanIn", "KeyClocks", "KeyStats", "MonitorModel", "ServerLoad"]
-
-Key = int | str
 
 
 class MonitorModel:

@@ -13,11 +13,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._types import Key
 from ..events import Event
 
 __all__ = ["CHANGING_OPS", "UPDATER_OPS", "FanIn", "KeyClocks", "KeyStats", "ServerLoad"]
 
-Key = int | str
 Summary = dict[str, float]
 
 #: ops after which the stored value of a key may differ

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-from ...shard import Key
+from ..._types import Key
 from .packing import PACK_BELOW
 
 

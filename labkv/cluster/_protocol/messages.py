@@ -36,8 +36,6 @@ import numpy as np
 from ...compression import wire_nbytes
 from .packing import PACK_BELOW, Spec, pack, seal, unpack_values, unseal
 
-Key = int | str
-
 
 class Codes(NamedTuple):
     """How a compressed push's values are coded: every value is the uint8

@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..._types import Key
 from ...events import EventBus
 from ...optimizers import Optimizer
-from ...store import Items, Key, KVStore
+from ...store import Items, KVStore
 from .._errors import CallTimedOut, failed_update
 from .._placement import KeyIds, Piece, place
 from .._protocol.messages import decode_values, values_items

@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from ..._types import Key
 from ...devices import to_device
 from ...events import EventBus, summarize
-from ...shard import Key, Shard, check_new_keys
+from ...shard import Shard, check_new_keys
 from .._device import device_label, host_copy, pick_server_device, warm_up
 from .._errors import ClusterError, answered
 from .._events import EventStream

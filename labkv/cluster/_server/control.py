@@ -24,8 +24,9 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from ..._types import Key
 from ...optimizers import Optimizer
-from ...shard import Key, Shard
+from ...shard import Shard
 from .._device import host_copy
 from .._errors import ClusterError
 from .._protocol.messages import States

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...shard import Key
+from ..._types import Key
 from .._placement import ORDER_RULE
 from .._protocol.messages import KeyMeta
 

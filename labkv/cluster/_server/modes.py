@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..._types import Key
 from ...compression import from_wire
 from ...devices import Device, copy_into, empty
 from ...reduce import sum_into
-from ...shard import Key, Shard
+from ...shard import Shard
 from .._device import host_copy, host_view, packed_on_host
 from .._protocol.entries import Clock
 from .._protocol.messages import Codes, Push, encode, pack_values, push_items

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...shard import Key
+from ..._types import Key
 from .waiting import Waiters
 
 

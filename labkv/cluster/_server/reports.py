@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..._types import Key
 from ...events import EventBus
-from ...shard import Key, Shard
+from ...shard import Shard
 from .clocks import Clocks
 from .keys import KeyTable
 from .rounds import Round, SyncRounds

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from ...shard import Key, Shard
+from ..._types import Key
+from ...shard import Shard
 from .._errors import add_note, portable
 from .._protocol.entries import Vote
 from .._protocol.messages import Peer

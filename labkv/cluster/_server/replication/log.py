@@ -32,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...._types import Key
 from ....devices import Device, to_device
-from ....shard import Key, Shard
+from ....shard import Shard
 from ..._device import host_view
 from ..._errors import deposed, is_deposed
 from ..._protocol.entries import Clock, Entry, Failed, Note, Told, Vote, encode_entry

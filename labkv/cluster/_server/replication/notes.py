@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....shard import Key
+from ...._types import Key
 from ..._protocol.entries import Clock, Failed, Note, Told, Vote
 from ..clocks import Clocks
 from ..keys import KeyTable

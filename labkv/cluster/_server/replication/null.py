@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ....shard import Key, Shard
+from ...._types import Key
+from ....shard import Shard
 from ..._protocol.entries import Clock, Vote
 from ..._protocol.messages import Peer
 from ..rounds import Failure, Finish

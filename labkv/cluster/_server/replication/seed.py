@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import cloudpickle
 import numpy as np
 
+from ...._types import Key
 from ....devices import Device, to_device
 from ....optimizers import Optimizer
-from ....shard import Key, Shard
+from ....shard import Shard
 from ..._device import host_copy
 from ..._protocol.messages import Peer
 from ..._transport.base import Host
