@@ -104,6 +104,21 @@ class Shard:
             device = device_of(value)
             self.states[key] = tuple(to_device(s, device, copy=False) for s in self.states[key])
 
+    def take(self, values: dict[Key, Any], last_setting: dict[str, str]) -> None:
+        """Become a copy of another shard's ``values`` (owned by this shard from now
+        on) and of its ``last_setting`` (a replica seeded from its primary): keys
+        not in ``values`` are dropped, with their buffers and optimizer states."""
+        for key in [k for k in self.values if k not in values]:
+            del self.values[key]
+            self._merge_buffers.pop(key, None)
+            self.states.pop(key, None)
+        for key, value in values.items():
+            if key in self.values:
+                self.relocate(key, value)
+            else:
+                self.values[key] = value
+        self.last_setting = dict(last_setting)
+
     def set_updater(self, updater: Updater | None, provisional: bool = False) -> None:
         """Use ``updater(key, merged, stored)`` from now on (None: back to ASSIGN);
         ``provisional``: it comes from a rank that does not own the store."""

@@ -135,7 +135,9 @@ def test_a_shard_comes_back_making_the_same_bits_as_the_original(setting, surviv
     if survivor:  # a backup re-seeded after a promotion holds the keys already
         again.init("w", np.full(3, 7.0, np.float32))
         again.init("big", np.full(1 << 12, 7.0, np.float32))
+        again.init("gone", np.zeros(2, np.float32))  # not on the primary: dropped
     snap.restore(again, cpu(0))
+    assert sorted(again.values) == sorted(shard.values)
     assert again.provisional == shard.provisional and again.last_setting == {"r0": "token"}
     assert (again.optimizer is None) == (shard.optimizer is None)
     assert (again.updater is None) == (shard.updater is None)

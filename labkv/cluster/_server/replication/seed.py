@@ -60,14 +60,8 @@ class ShardSnapshot:
 
     def restore(self, shard: Shard, device: Device) -> None:
         """Put this state into ``shard``, its values on ``device``."""
-        for key, value in self.values.items():
-            value = to_device(np.asarray(value), device)
-            if key in shard:
-                shard.relocate(key, value)
-            else:
-                shard.init(key, value)
-        shard.last_setting.clear()
-        shard.last_setting.update(self.last_setting)
+        values = {k: to_device(np.asarray(v), device) for k, v in self.values.items()}
+        shard.take(values, self.last_setting)
         if self.optimizer is not None:
             shard.set_optimizer(Optimizer.from_config(self.optimizer), self.provisional)
             shard.import_states(*self.states)
