@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 import time
 
@@ -307,6 +309,36 @@ def test_timeline_shows_a_straggler_and_the_waits_for_it(watched):
     d.value_key.value = "w"  # the timeline follows the chosen key
     mon.refresh()
     assert "timeline of key w" in plots.timeline_fig.title.text
+
+
+def test_a_monitor_displayed_after_its_events_sends_the_timelines_title_and_tracks(watched):
+    """Events first, the dashboard later: the timeline drawn while its tab had no view
+    in the page must reach the page when the tab is shown, title and tracks too (not
+    only its bars), although nothing changed since."""
+    kv, mon = watched
+    t = time.time()
+    kv.events.deliver_many(
+        [Event(i, t + 0.1 * i, "dist_sync", "push", "w", rank=i % 2) for i in range(4)]
+    )
+    _ = mon.widget
+    d = mon.dashboard
+    show(d, "timeline")  # drawn while the page may have no view of it yet
+    plots = d.plots
+    title, tracks = plots.timeline_fig.title.text, plots.timeline_fig.y_range.factors
+    assert "4 spans" in title and tracks == ["rank 1 · calls", "rank 0 · calls"]
+    sent = []
+    plots.timeline_widget.send = lambda msg, buffers=None: sent.append(msg.get("payload"))
+    show(d, "keys")
+    show(d, "timeline")  # the tab shown again: nothing changed, all is sent again
+    changed = {}  # attribute -> its last value sent to the page
+    for payload in sent:
+        with contextlib.suppress(TypeError, ValueError):
+            for event in json.loads(payload).get("events", []):
+                if event.get("kind") == "ModelChanged":
+                    changed[event["attr"]] = event["new"]
+    assert changed.get("text") == title and changed.get("factors") == tracks
+    assert plots.timeline_fig.title.text == title
+    assert plots.timeline_fig.y_range.factors == tracks
 
 
 def test_only_the_shown_tab_is_redrawn_and_a_closed_monitor_draws_every_tab(monkeypatch):

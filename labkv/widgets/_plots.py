@@ -170,7 +170,7 @@ class Plots:
     def redraw(self) -> None:
         """Send the plots again. BokehJS lays out and paints a plot only while it is
         visible: one that changed in a hidden tab shows stale parts (old data, no
-        colour bar) until it is drawn again, e.g. when its tab is shown."""
+        colour bar, an old title) until it is drawn again, e.g. when its tab is shown."""
         if not self.available:
             return
         sources = (self.image_source, self.line_source, self.load_source, self.timeline_source)
@@ -179,6 +179,16 @@ class Plots:
         shown = self.color_bar.visible
         self.color_bar.visible = not shown  # a layout change: the bar is laid out anew
         self.color_bar.visible = shown
+        # A title or the timeline's tracks set before the plot had a view in the page
+        # (a monitor displayed after its events, a tab not shown yet) never reach it,
+        # and setting an equal value sends nothing: change each, then put it back.
+        for fig in (self.value_fig, self.load_fig, self.timeline_fig):
+            text = fig.title.text
+            fig.title.text = text + " "
+            fig.title.text = text
+        tracks = list(self.timeline_fig.y_range.factors)
+        self.timeline_fig.y_range.factors = []
+        self.timeline_fig.y_range.factors = tracks
 
     def show_timeline(self, model: MonitorModel, key: Any = None) -> None:
         """The last ``TIMELINE_S`` seconds of spans (of ``key``, or of every key)."""

@@ -71,3 +71,35 @@ def build(path: Path) -> None:
     }
     nb.cells = [new_code_cell(src.strip()) for src in (SETUP, PUSH, CLUSTER)]
     nbformat.write(nb, str(path))
+
+
+LATE = """
+import time
+import numpy as np
+import labkv
+from labkv.widgets import monitor
+
+kv = labkv.create("local")
+kv.init("w", np.zeros(4))
+mon = monitor(kv)
+for i in range(4):
+    kv.push("w", np.ones(4))
+    kv.pull("w")
+time.sleep(1.5)  # the events are older than a second when the monitor is shown
+mon
+"""
+
+
+def build_late(path: Path) -> None:
+    """A notebook whose one cell shows a monitor after its store's events."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nb.cells = [new_code_cell(LATE.strip())]
+    nbformat.write(nb, str(path))

@@ -27,7 +27,7 @@ from tests.browser._lab import (
     start_lab,
     stop_lab,
 )
-from tests.browser.monitor_notebook import HOSTILE, N_PUSH, build
+from tests.browser.monitor_notebook import HOSTILE, N_PUSH, build, build_late
 
 pytestmark = pytest.mark.browser
 
@@ -66,6 +66,16 @@ BOKEH_IMAGE_MAX = """() => {
         best = Math.max(...Array.from(flat));
       }
   return best;
+}"""
+
+
+# The timeline plot in BokehJS: its title and its tracks, as the page holds them.
+BOKEH_TIMELINE = """() => {
+  for (const d of (window.Bokeh && window.Bokeh.documents) || [])
+    for (const m of d.all_models)
+      if (m.title && m.title.text !== undefined && m.title.text.startsWith('timeline'))
+        return {title: m.title.text, tracks: [...m.y_range.factors]};
+  return null;
 }"""
 
 
@@ -151,3 +161,38 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
     assert _row(final, HOSTILE)[2] == "1"
     assert js_error == 0
     assert (tmp_path / "labkv_monitor.png").stat().st_size > 10_000
+
+
+def test_a_monitor_displayed_after_its_events_draws_its_timeline(tmp_path):
+    """Events first, the monitor shown 1.5 s later: its timeline tab must get its
+    title and its tracks in the page, not only its bars."""
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path / "lab"
+    root.mkdir()
+    build_late(root / "late.ipynb")
+    token = secrets.token_hex(16)
+    proc, base = start_lab(root, token)
+    seen = None
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            page.goto(f"{base}/lab/tree/late.ipynb?token={token}", wait_until="domcontentloaded")
+            page.wait_for_function(KERNEL_IDLE, timeout=60_000)
+            page.evaluate(RUN_ALL)
+            page.get_by_text("timeline", exact=True).first.click(timeout=60_000)
+            drawn = (
+                f"() => {{ const t = ({BOKEH_TIMELINE})(); return !!t && t.tracks.length > 0; }}"
+            )
+            try:
+                page.wait_for_function(drawn, timeout=10_000)
+            finally:
+                seen = page.evaluate(BOKEH_TIMELINE)
+                page.screenshot(path=str(tmp_path / "labkv_timeline_late.png"), full_page=True)
+            browser.close()
+    finally:
+        stop_lab(proc)
+    assert seen is not None and seen["title"].startswith("timeline of every key"), seen
+    assert seen["tracks"] == ["rank 0 · calls"], seen
