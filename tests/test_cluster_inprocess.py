@@ -103,7 +103,7 @@ def test_a_big_push_by_reference_is_staged_so_the_rank_may_reuse_its_buffer():
         grad = np.ones(n, np.float32)
         r0.push("w", grad)  # opens the round: the server keeps a staged copy
         grad[:] = -100.0
-        assert sorted(c.servers[0]._stage) == [("w", 0)]
+        assert sorted(c.servers[0].staging.buffers) == [("w", 0)]
         r1.push("w", np.full(n, 2.0, np.float32))
         np.testing.assert_array_equal(r0.pull("w")[:3], [3.0, 3.0, 3.0])
 

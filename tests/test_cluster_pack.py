@@ -121,7 +121,7 @@ def _push_last_and_reuse(kv, n):
     kv.push("w", grad)
     grad[:] = -100.0
     server = kv.local_server(0)
-    staged = None if server is None else sorted(server._stage)
+    staged = None if server is None else sorted(server.staging.buffers)
     return kv.pull("w")[:3], staged
 
 

@@ -59,7 +59,8 @@ print("CELLS DONE")
 """
 
 
-def build(path: Path) -> None:
+def _write(path: Path, sources: tuple[str, ...]) -> None:
+    """A notebook of one code cell per source, on the python3 kernel."""
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
 
@@ -69,8 +70,12 @@ def build(path: Path) -> None:
         "display_name": "Python 3",
         "language": "python",
     }
-    nb.cells = [new_code_cell(src.strip()) for src in (SETUP, PUSH, CLUSTER)]
+    nb.cells = [new_code_cell(src.strip()) for src in sources]
     nbformat.write(nb, str(path))
+
+
+def build(path: Path) -> None:
+    _write(path, (SETUP, PUSH, CLUSTER))
 
 
 LATE = """
@@ -92,14 +97,4 @@ mon
 
 def build_late(path: Path) -> None:
     """A notebook whose one cell shows a monitor after its store's events."""
-    import nbformat
-    from nbformat.v4 import new_code_cell, new_notebook
-
-    nb = new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nb.cells = [new_code_cell(LATE.strip())]
-    nbformat.write(nb, str(path))
+    _write(path, (LATE,))

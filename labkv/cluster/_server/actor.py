@@ -129,10 +129,6 @@ class Server:
     def messages(self) -> dict[str, int]:
         return self.reports.messages
 
-    @property
-    def _stage(self) -> dict[tuple[Key, int], Any]:
-        return self.staging.buffers
-
     def _load(self) -> dict[str, Any]:
         return {**self.reports.load(), **self.log.load()}
 
