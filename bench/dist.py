@@ -1,6 +1,7 @@
-"""Benchmark of the dist_sync store against a raw Dask echo, measured in one run.
+"""Benchmark of the dist_sync store against a raw Dask echo and MXNet, measured in one run.
 
     python bench/dist.py [--quick] [--dask-malloc] [--only=16MiB x1,tiny] [--repeats=3]
+        [--mxnet=/path/to/mxnet-venv/bin/python] [--field]
 
 W = 2 ranks (``labkv.cluster.run``) on an embedded 2-worker LocalCluster, with
 S = 1 and S = 2 servers, each also with ``replicas=2`` (every server's backup on
@@ -17,6 +18,14 @@ baseline as Dask ships. Each rank also counts its worker process's page faults
 (``ru_minflt``) per iteration: the rank and its worker's server share the
 process. ``--dask-malloc`` runs the store itself on Dask's default worker
 environment too (what it measured before the embedded workers reused buffers).
+
+``--mxnet=PYTHON`` also runs MXNet 1.9.1's dist_sync store (ps-lite over TCP on
+127.0.0.1, ``bench/_mxnet.py``) on the same cases with that Python, once before
+and once after labkv's, and prints labkv / MXNet. ``--field`` adds what a user
+in the field meets: the notebook's own store (rank 0 of 1) on a tiny key, the
+barrier with 2, 4 and 8 ranks (an 8-worker cluster on however many cores), and
+the tiny and 16 MiB cases on a ``tls://`` cluster with its own certificates
+against ``tcp://`` (made with the ``openssl`` command), alternated.
 A benchmark, not a test: it prints tables, it asserts nothing. dist_ssp against
 dist_async, per call with no pull waiting, is ``bench/ssp.py``.
 """
@@ -29,6 +38,7 @@ import resource
 import sys
 import time
 from statistics import median
+from typing import Any
 
 import numpy as np
 
@@ -127,6 +137,16 @@ def _ranks(kv, case, iters):
     return elapsed, load, faults
 
 
+#: the cases and their iterations (a quarter with --quick)
+_CASES = {
+    "16MiB x1": 30,
+    "16MiB 2bit": 30,
+    "4MiB x4": 30,
+    "1KiB x200": 200,
+    "tiny": 500,
+    "barrier": 500,
+}
+
 #: the echoes of the baseline: (label, bytes, calls)
 ECHOES = (("16MiB", 16 * MIB, 30), ("tiny", 4, 400))
 
@@ -178,10 +198,173 @@ def _default_environ_echo(scale: int) -> dict[str, float]:
         }
 
 
+def _notebook_tiny(kv, iters: int) -> float:
+    """The notebook's own store: seconds per tiny push+pull."""
+    key = f"nb-{time.perf_counter_ns()}"
+    kv.init(key, np.zeros(1, np.float32))
+    grad, out = np.ones(1, np.float32), np.empty(1, np.float32)
+    for _ in range(20):
+        kv.push(key, grad)
+        kv.pull(key, out=out)
+    t = time.perf_counter()
+    for _ in range(iters):
+        kv.push(key, grad)
+        kv.pull(key, out=out)
+    return (time.perf_counter() - t) / iters
+
+
+def _notebook_cases(handle, iters: int, repeats: int) -> dict[int, float]:
+    import labkv
+
+    times: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(repeats):
+        for servers in (1, 2):
+            with labkv.create("dist_sync", cluster=handle, num_servers=servers) as kv:
+                times[servers].append(_notebook_tiny(kv, iters))
+    return {s: median(ts) for s, ts in times.items()}
+
+
+def _barrier_scaling(ranks: tuple[int, ...], iters: int, repeats: int) -> dict[int, float]:
+    """Seconds per barrier with each number of ranks, S = 1, on one cluster of
+    ``max(ranks)`` workers."""
+    from labkv.cluster import connect, run
+
+    out = {}
+    with connect(n_workers=max(ranks), dashboard_address=None, set_as_default=False) as handle:
+        for w in ranks:
+            per_run = [
+                max(
+                    t
+                    for t, _, _ in run(
+                        _ranks,
+                        num_workers=w,
+                        num_servers=1,
+                        cluster=handle,
+                        args=("barrier", iters),
+                    )
+                )
+                for _ in range(repeats)
+            ]
+            out[w] = median(per_run)
+    return out
+
+
+def _certificates(folder: str) -> Any:
+    """A CA and one node certificate for 127.0.0.1, made with ``openssl``; the
+    ``Security`` that requires them."""
+    import subprocess
+
+    from distributed import Security
+
+    def sh(cmd: str) -> None:
+        subprocess.run(cmd, shell=True, cwd=folder, check=True, capture_output=True)
+
+    sh(
+        'openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj "/CN=ca"'
+    )
+    sh('openssl req -newkey rsa:2048 -nodes -keyout node.key -out node.csr -subj "/CN=node"')
+    with open(os.path.join(folder, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    sh(
+        "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+        "-out node.pem -days 1 -extfile ext.cnf"
+    )
+    ca, cert, key = (os.path.join(folder, n) for n in ("ca.pem", "node.pem", "node.key"))
+    return Security(
+        tls_ca_file=ca,
+        tls_client_cert=cert,
+        tls_client_key=key,
+        tls_scheduler_cert=cert,
+        tls_scheduler_key=key,
+        tls_worker_cert=cert,
+        tls_worker_key=key,
+        require_encryption=True,
+    )
+
+
+def _tls_against_tcp(iters: dict[str, int], repeats: int) -> dict[str, dict[str, float]]:
+    """tiny and 16 MiB x1 (W = 2, S = 1) on a tcp:// and a tls:// cluster, alternated."""
+    import tempfile
+
+    from labkv.cluster import connect, run
+
+    times: dict[str, dict[str, list[float]]] = {"tcp": {}, "tls": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        security = _certificates(folder)
+        with (
+            connect(n_workers=2, dashboard_address=None, set_as_default=False) as tcp,
+            connect(
+                n_workers=2,
+                dashboard_address=None,
+                set_as_default=False,
+                security=security,
+                protocol="tls",
+            ) as tls,
+        ):
+            for _ in range(repeats):
+                for name, handle in (("tcp", tcp), ("tls", tls)):
+                    for case, n in iters.items():
+                        per_rank = run(
+                            _ranks, num_workers=2, num_servers=1, cluster=handle, args=(case, n)
+                        )
+                        times[name].setdefault(case, []).append(max(t for t, _, _ in per_rank))
+    return {name: {c: median(ts) for c, ts in cases.items()} for name, cases in times.items()}
+
+
+def _mxnet_runs(python: str, cases: list[str], quick: bool, repeats: int) -> dict[int, dict]:
+    from _mxnet import run_mxnet
+
+    return {s: run_mxnet(python, s, cases=cases, quick=quick, repeats=repeats) for s in (1, 2)}
+
+
+def _print_against_mxnet(rows, mxnet: list[dict[int, dict]], notebook, barriers, mx_barriers):
+    print()
+    print("labkv against MXNet 1.9.1 dist_sync (ps-lite, TCP on 127.0.0.1), W = 2, ms;")
+    print("MXNet: median of its run before and its run after labkv's")
+    print(
+        f"{'case':<14}{'MXNet S=1':>10}{'S=2':>8}{'labkv S=1':>11}{'S=2':>8}"
+        f"{'ratio S=1':>11}{'S=2':>7}"
+    )
+
+    def mx(case: str, servers: int) -> float:
+        return median(run[servers][case] for run in mxnet) / 1e3
+
+    for case, t1, t2, *_ in rows:
+        m1, m2 = mx(case, 1), mx(case, 2)
+        print(
+            f"{case:<14}{m1 * 1e3:>10.2f}{m2 * 1e3:>8.2f}{t1 * 1e3:>11.2f}{t2 * 1e3:>8.2f}"
+            f"{t1 / m1:>11.2f}{t2 / m2:>7.2f}"
+        )
+    if notebook and any("tiny" in run[1] for run in mxnet):
+        m1, m2 = mx("tiny", 1), mx("tiny", 2)
+        t1, t2 = notebook[1], notebook[2]
+        print(
+            f"{'tiny notebook':<14}{m1 * 1e3:>10.2f}{m2 * 1e3:>8.2f}{t1 * 1e3:>11.2f}"
+            f"{t2 * 1e3:>8.2f}{t1 / m1:>11.2f}{t2 / m2:>7.2f}"
+        )
+    if barriers and mx_barriers:
+        print()
+        print("barrier by ranks (S = 1, ms): labkv, MXNet, ratio")
+        for w, t in barriers.items():
+            m = mx_barriers.get(w)
+            cell = f"{m:8.3f}{t / (m / 1e3):8.2f}" if m else ""
+            print(f"  W = {w}: {t * 1e3:8.3f}{cell}")
+
+
 def main(
-    quick: bool = False, dask_malloc: bool = False, repeats: int = 3, only: list[str] | None = None
+    quick: bool = False,
+    dask_malloc: bool = False,
+    repeats: int = 3,
+    only: list[str] | None = None,
+    mxnet_python: str | None = None,
+    field: bool = False,
 ) -> None:
     from labkv.cluster import run
+
+    names = [c for c in _CASES if not only or c in only]
+    mxnet = []
+    if mxnet_python:
+        mxnet.append(_mxnet_runs(mxnet_python, names, quick, 1))
 
     scale = 4 if quick else 1
     dask_default = _default_environ_echo(scale)
@@ -198,16 +381,7 @@ def main(
             base[("handler", label)] = _best_of_3(
                 client, a, _handler_echo, b, nbytes, iters // scale
             )
-        cases = [
-            ("16MiB x1", 30),
-            ("16MiB 2bit", 30),
-            ("4MiB x4", 30),
-            ("1KiB x200", 200),
-            ("tiny", 500),
-            ("barrier", 500),
-        ]
-        if only:
-            cases = [(case, iters) for case, iters in cases if case in only]
+        cases = [(case, _CASES[case]) for case in names]
         rows, replicated = [], {}
         for case, iters in cases:
             times: dict[int, list[float]] = {1: [], 2: []}
@@ -258,7 +432,26 @@ def main(
                     faults,
                 )
             )
+        notebook = _notebook_cases(handle, 500 // scale, repeats) if field else None
+    barriers = _barrier_scaling((2, 4, 8), 500 // scale, repeats) if field else None
+    tls = (
+        _tls_against_tcp({"tiny": 500 // scale, "16MiB x1": 30 // scale}, repeats)
+        if field
+        else None
+    )
+    mx_barriers = {}
+    if mxnet_python:
+        from _mxnet import run_mxnet
+
+        mxnet.append(_mxnet_runs(mxnet_python, names, quick, 1))
+        if field:
+            for w in (4, 8):
+                mx_barriers[w] = run_mxnet(mxnet_python, 1, w, ["barrier"], quick)["barrier"]
+            mx_barriers[2] = (
+                median(run[1]["barrier"] for run in mxnet) if "barrier" in names else None
+            )
     echo16, echo_tiny = base[("actor", "16MiB")], base[("actor", "tiny")]
+    print()
     print("raw Dask echo, task on worker A -> worker B -> back (ms per call, best of 3):")
     print(f"  async actor method : 16 MiB {echo16 * 1e3:7.2f}   tiny {echo_tiny * 1e3:6.3f}")
     print(
@@ -312,6 +505,24 @@ def main(
     for case, *_, faults in rows:
         if faults[1]:
             print(f"  {case:<12} S=1: {median(faults[1]):8.0f}   S=2: {median(faults[2]):8.0f}")
+    if notebook:
+        print()
+        print(
+            f"the notebook's own store, tiny push+pull (ms): S=1 {notebook[1] * 1e3:.3f}"
+            f"   S=2 {notebook[2] * 1e3:.3f}"
+        )
+    if barriers:
+        print(
+            "barrier by ranks, S = 1 (ms): "
+            + "  ".join(f"W={w} {t * 1e3:.3f}" for w, t in barriers.items())
+        )
+    if tls:
+        print("tls:// with certificates against tcp:// (W = 2, S = 1, ms):")
+        for case in tls["tcp"]:
+            a, b = tls["tcp"][case], tls["tls"][case]
+            print(f"  {case:<10} tcp {a * 1e3:8.3f}   tls {b * 1e3:8.3f}   tls/tcp {b / a:5.2f}")
+    if mxnet:
+        _print_against_mxnet(rows, mxnet, notebook, barriers, mx_barriers)
 
 
 if __name__ == "__main__":
@@ -322,4 +533,6 @@ if __name__ == "__main__":
         dask_malloc="--dask-malloc" in sys.argv,
         repeats=int(options.get("repeats", 3)),
         only=options["only"].split(",") if "only" in options else None,
+        mxnet_python=options.get("mxnet"),
+        field="--field" in sys.argv,
     )

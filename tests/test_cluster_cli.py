@@ -70,11 +70,11 @@ def _make_certs(d: Path) -> None:
     )
 
 
-def _replicated_rounds_use_the_channel(handle) -> None:
-    """A replicated store's small log entries reach the backup on the plain
-    socket of ``labkv.cluster._transport.channel`` (over TLS on a TLS cluster)."""
+def _replicated_rounds_use_the_stream(handle) -> None:
+    """A replicated store's log entries reach the backup on a stream
+    (``labkv.cluster._transport.stream``), over TLS on a TLS cluster."""
     import labkv
-    from labkv.cluster._transport.channel import entries_served
+    from labkv.cluster._transport.stream import calls_served as entries_served
 
     kv = labkv.create("dist_sync", cluster=handle, num_servers=1, replicas=2)
     try:
@@ -108,7 +108,7 @@ def test_tls_cluster_with_own_certificates_refuses_a_client_without_them(tmp_pat
         with connect(address, n_workers=2, security=security) as handle:
             for value in run(_sum_ranks, num_workers=2, cluster=handle):
                 np.testing.assert_array_equal(value, [3.0, 3.0, 3.0])
-            _replicated_rounds_use_the_channel(handle)
+            _replicated_rounds_use_the_stream(handle)
         with pytest.raises(TypeError, match="TLS expects a `ssl_context`"):
             connect(address, timeout="5s")  # no certificate at all
         stranger = Security(

@@ -50,6 +50,7 @@ def test_every_setting_and_run_control_goes_to_every_replica():
         "set_states",
         "configure",
         "abort",
+        "barrier",  # every replica of server 0 holds the arrivals: a failover loses none
         "link",
     }
     assert not (broadcast & {"push", "pull", "promote", "replay", "members"})
@@ -57,7 +58,7 @@ def test_every_setting_and_run_control_goes_to_every_replica():
 
 def test_only_methods_that_copy_what_they_keep_run_in_process():
     local = {n for n, row in METHODS.items() if row.local}
-    assert local == {"push", "pull", "keys", "wait_keys", "init"}
+    assert local == {"push", "pull", "keys", "wait_keys", "init", "barrier"}
 
 
 def test_only_message_arguments_are_encoded():

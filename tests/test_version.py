@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The wire's fingerprint for each protocol number. When the wire changes, give
 #: labkv.PROTOCOL a new number and record its fingerprint here.
-FINGERPRINTS = {2: "d2047b40c956718b", 3: "ef30d086681bc611"}
+FINGERPRINTS = {2: "d2047b40c956718b", 3: "ef30d086681bc611", 4: "765b8da54d5cf94f"}
 
 
 def _snapshots() -> list[type]:

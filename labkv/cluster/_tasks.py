@@ -1,5 +1,5 @@
 """Background tasks, kept until they are done (written once, as distributed's
-``AsyncTaskGroup``): used by the servers and by the replication channel."""
+``AsyncTaskGroup``): used by the servers and by the streams."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _retrieve(task: asyncio.Future) -> None:
 
 class TaskGroup:
     """Tasks nobody awaits (a server's votes, log entries on their way to the
-    backups, watchers; a channel's readers and answers), each held until done:
+    backups, watchers; a stream's readers and answers), each held until done:
     the loop keeps only weak references to its tasks.
 
     >>> async def main():

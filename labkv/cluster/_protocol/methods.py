@@ -52,6 +52,7 @@ METHODS: dict[str, Method] = _table(
     Method("get_states"),
     Method("configure", broadcast=True),
     Method("abort", broadcast=True),
+    Method("barrier", local=True, broadcast=True),
     Method("link", broadcast=True),
     Method("streaming"),
     Method("load"),

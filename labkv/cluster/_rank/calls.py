@@ -50,6 +50,8 @@ class _Sending:
         self.calls, self.what = calls, what
 
     def __enter__(self) -> None:
+        if self.calls.closed is not None:  # a held push would not reach send()
+            raise ClusterError(self.calls.closed)
         self.calls.settle()
         sigint_held.__enter__()
 

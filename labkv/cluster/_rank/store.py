@@ -40,7 +40,6 @@ from ...store import Items, KVStore
 from .._errors import CallTimedOut, failed_update
 from .._placement import KeyIds, Piece, place
 from .._protocol.messages import decode_values, values_items
-from .._transport.barrier import EventBarrier
 from .._transport.base import ServerLink
 from . import split as messages
 from .calls import ACK_ABOVE, Calls
@@ -94,7 +93,7 @@ class DistStore(KVStore):
         self._calls = Calls(links, spec.timeout, self._restore_residuals, prefix)
         self._pieces: dict[Key, list[Piece]] = {}
         self._ids = KeyIds()  # str keys numbered in this process's init order, as MXNet
-        self._event_barrier = EventBarrier(spec.group, rank, num_workers, spec.timeout)
+        self._barriers = 0  # how many barriers this rank entered
         self._settings = Settings(
             self._calls, spec, self._meta, self._pieces, owner=owner, rank=rank
         )
@@ -164,7 +163,7 @@ class DistStore(KVStore):
     @property
     def barrier_generation(self) -> int:
         """How many barriers this rank has entered."""
-        return self._event_barrier.generation
+        return self._barriers
 
     def local_server(self, s: int) -> Any:
         """Server ``s`` itself when this process calls it in-process (a rank on
@@ -339,8 +338,10 @@ class DistStore(KVStore):
             # the barrier, so it enters it (the other ranks must not wait for it
             # until their timeout), then raises the updater's error once.
             failed = exc
-        client = self._handle.client if self._handle is not None else None
-        self._event_barrier.wait(client)
+        generation, self._barriers = self._barriers, self._barriers + 1
+        if self._num_workers > 1:  # held on server 0, the answer once every rank entered
+            args = (self._spec.group, self._rank, generation, self._num_workers)
+            self._calls.wait([(0, self._calls.call(0, "barrier", *args))], "barrier")
         if failed is not None:
             raise failed
 

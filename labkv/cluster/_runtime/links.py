@@ -1,8 +1,9 @@
 """Building a store and its links to its servers.
 
-The notebook's store reaches each server through a Dask ``Actor`` handle; a
-rank (a Dask task) through its worker's loop, in-process to a server on its
-own worker. Servers with replicas are wrapped in one
+The notebook's store reaches each server on a stream from its client's loop
+(through the Dask ``Actor`` handle where it cannot reach the worker, see
+:func:`~labkv.cluster._transport.dask.notebook_link`); a rank (a Dask task) on
+a stream from its worker's loop, in-process to a server on its own worker. Servers with replicas are wrapped in one
 :class:`~labkv.cluster._rank.failover.ReplicatedLink` per server id.
 :func:`new_store` builds the links, the store, and the re-seeding of a lost
 replica (a driver's job), so that the rank's code never imports the driver;
@@ -23,7 +24,14 @@ from .._placement import DEFAULT_BIGARRAY_BOUND
 from .._rank.failover import ReplicatedLink
 from .._rank.store import DistStore
 from .._transport.base import ServerLink
-from .._transport.dask import ActorLink, rank_link, rank_links, task_worker, worker_loop, workers_of
+from .._transport.dask import (
+    notebook_link,
+    rank_link,
+    rank_links,
+    task_worker,
+    worker_loop,
+    workers_of,
+)
 from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
 from .launch import check_cluster_args, start_servers
@@ -44,7 +52,7 @@ def replicated_links(spec: Any, handle: Any, actors: list[Any] | None) -> list[R
 
         def make(sid: int, address: str, key: str) -> ServerLink:
             with handle.client.as_current():
-                return ActorLink(sid, address, Actor(Server, address, key))
+                return notebook_link(sid, address, Actor(Server, address, key), handle.client)
 
         def alive(address: str) -> bool:
             # An actor pinned to a dead worker may read "pending" again, not lost.
@@ -66,7 +74,8 @@ def replicated_links(spec: Any, handle: Any, actors: list[Any] | None) -> list[R
         given = None
         if handle is not None and actors is not None:
             given = [
-                ActorLink(s, a, actors[r * num_servers + s]) for r, (a, _) in enumerate(members)
+                notebook_link(s, a, actors[r * num_servers + s], handle.client)
+                for r, (a, _) in enumerate(members)
             ]
         links.append(ReplicatedLink(s, members, make, given, alive=alive))
     return links
@@ -103,7 +112,10 @@ def store_links(
         return replicated_links(spec, handle, replica_actors)
     addresses = spec.server_addresses
     if handle is not None:
-        return [ActorLink(s, a, x) for s, (a, x) in enumerate(zip(addresses, servers))]
+        return [
+            notebook_link(s, a, x, handle.client)
+            for s, (a, x) in enumerate(zip(addresses, servers, strict=True))
+        ]
     return rank_links(addresses, servers, Server)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._errors import ClusterError
 from .._rank.failover import ReplicatedLink
-from .._transport.dask import ActorLink
+from .._transport.dask import notebook_link
 from .connect import ClusterHandle
 from .launch import start_server
 
@@ -59,7 +59,7 @@ def reseed(
             actor = future.result(timeout=timeout)
         peer = (address, future.key)
         actor.join_group([*members, peer], len(members), False).result(timeout=timeout)
-        link.add(peer, ActorLink(sid, address, actor))
+        link.add(peer, notebook_link(sid, address, actor, handle.client))
         epoch, group = link.primary.call("add_replica", peer).result(timeout)
     except Exception as exc:
         handle.client.cancel([future])

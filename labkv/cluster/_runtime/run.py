@@ -11,8 +11,8 @@ For the same reason a missing or dying worker fails the run at once instead
 of waiting for Dask to reschedule: the launcher checks the cluster's workers
 every ``_POLL_S`` while the ranks run; when a rank fails or a worker hosting a
 rank or a server disappears, it aborts the servers (waiting ranks get an
-error at once instead of sitting out their timeout), sets the barrier's abort
-event, cancels the other ranks and raises naming the rank or server lost.
+error at once instead of sitting out their timeout, in a barrier too: it is
+held on server 0), cancels the other ranks and raises naming the rank or server lost.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from .._options import (
 )
 from .._placement import DEFAULT_BIGARRAY_BOUND
 from .._rank.store import DistStore
-from .._transport.barrier import clear_barrier
 from .._transport.dask import raise_if_scheduler_gone, scheduler_gone, worker_loop
 from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
@@ -60,7 +59,7 @@ def _rank_main(
     args: tuple,
     kwargs: dict,
     detail: tuple[float, int] | None = None,
-) -> tuple[Any, int]:
+) -> Any:
     """The task of one rank: build its store, run ``fn``, wait for its pushes.
     With ``detail`` (the notebook's subscribers' ``(detail_interval,
     detail_burst)``), the rank's events go to the store's topic meanwhile."""
@@ -75,7 +74,7 @@ def _rank_main(
             # Events are best effort: the rank's own outcome (or error) is what counts.
             with contextlib.suppress(Exception):
                 stop_stream()
-    return result, kv.barrier_generation
+    return result
 
 
 _RANK_KEY = "labkv-rank-"  # the Dask key of every rank task starts with it
@@ -278,8 +277,4 @@ def run(
             else:
                 client.cancel(futures_to_release)
             client.cancel(reseeded)
-            with contextlib.suppress(Exception):
-                clear_barrier(
-                    client, group, num_workers, [g for _, g in out] if ok else [2] * num_workers
-                )
-    return [result for result, _ in out]
+    return out

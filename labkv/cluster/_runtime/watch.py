@@ -18,7 +18,6 @@ import distributed
 from ..._interrupts import sigint_held
 from .._errors import TIMEOUTS, ClusterError, ServerLost
 from .._options import StoreSpec
-from .._transport.barrier import abort_name
 from .._transport.dask import ActorLink, actor_address, raise_if_scheduler_gone
 from .connect import ClusterHandle
 from .links import replicated_links
@@ -40,7 +39,6 @@ def _abort(client: distributed.Client, spec: StoreSpec, servers: list[Any], reas
         address = actor_address(actor) or spec.server_addresses[s % spec.num_servers]
         with contextlib.suppress(Exception):  # its worker may be gone
             calls.append(ActorLink(s, address, actor).call("abort", reason, spec.group))
-    distributed.Event(abort_name(spec.group), client=client).set()
     # One short deadline for all: a frozen server cannot be woken, and must not
     # delay the error beyond the run's documented bound (timeout + GRACE_S).
     deadline = time.monotonic() + _ABORT_S

@@ -1,26 +1,26 @@
 """A server shard: one Dask actor holding its keys in a :class:`~labkv.shard.Shard`.
 
-A Dask actor's remote API is the methods of one object, so :class:`Server` is
-that object and nothing else: each method decodes, hands over to the part
-that holds the rule, and replies. The parts are built in ``__init__``: keys
-(:mod:`.keys`), orders (:mod:`.order`), rounds and clocks (:mod:`.rounds`,
-:mod:`.clocks`), the mode, what a push and a pull do (:mod:`.modes`), updates
-and votes (:mod:`.updates`), events (:mod:`.reports`), settings
-(:mod:`.control`), waits (:mod:`.waiting`), and the log: a
-:class:`~.replication.null.NullLog`, or a :class:`~.replication.log.ReplicaLog`
-once the server joins a group of replicas (with :mod:`.replication.seed`).
+:class:`Server` is the actor's object and nothing else: each remote method
+(called on a stream, :mod:`labkv.cluster._transport.stream`, or as an actor
+call) decodes, hands over to the part that holds the rule, and replies. The
+parts are built in ``__init__``: keys (:mod:`.keys`), orders (:mod:`.order`),
+rounds and clocks (:mod:`.rounds`, :mod:`.clocks`), the mode, what a push and
+a pull do (:mod:`.modes`), updates and votes (:mod:`.updates`), events
+(:mod:`.reports`), settings (:mod:`.control`), waits and barriers
+(:mod:`.waiting`), and the log: a :class:`~.replication.null.NullLog`, or a
+:class:`~.replication.log.ReplicaLog` in a group of replicas (with
+:mod:`.replication.seed`).
 
-Every method is ``async def``. A Dask worker runs the *sync* methods of all
-its actors on one thread, so a server that blocked while waiting for the
-other ranks' pushes would stall every other shard on that worker (and two
-shards waiting for each other's rounds would deadlock). ``async`` methods run
-on the worker's event loop instead: a wait is an ``await`` on the server's
-future, and the loop serves other calls meanwhile. Update arithmetic
-(``Shard.apply``) runs inline on the loop: it is short and never waits.
+Every method is ``async def`` and runs on the worker's event loop: a wait
+(another rank's push, a barrier) is an ``await``, and the loop serves other
+calls meanwhile (a blocking method would stall every shard of the worker,
+and two shards waiting for each other's rounds would deadlock). Update
+arithmetic (``Shard.apply``) runs inline on the loop: it is short.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Set
 from typing import Any
 
@@ -50,7 +50,7 @@ from .replication.seed import Seeding, ServerSnapshot
 from .reports import Reports
 from .rounds import SyncRounds
 from .updates import KeptVotes, Peers, SliceVotes, Updates
-from .waiting import Waiters
+from .waiting import Barriers, Waiters
 
 
 class Server:
@@ -81,6 +81,7 @@ class Server:
         self.shard, self.table = Shard(self.bus, server=sid), KeyTable(sid)
         self.rounds = SyncRounds(num_workers)
         self.waiting, self.tasks = Waiters(f"server {sid}", timeout), TaskGroup()
+        self.barriers = Barriers(self.waiting)
         self.senders, self.peers = SenderOrder(self.waiting), Peers(sid, host, self.tasks)
         self.votes, self.kept, self.queues = SliceVotes(), KeptVotes(), UpdateQueues()
         self.staging, self.settings = Staging(self.device), Settings(sid, self.shard)
@@ -103,12 +104,8 @@ class Server:
         # Sender prefixes of the runs aborted on this server (a rank's sender starts
         # with its run's barrier group): their ranks' calls are refused for good.
         self.barred: tuple[str, ...] = ()
-        self.stream = EventStream(
-            self.bus,
-            lambda batch: host.log_event(self.topic, batch),
-            self._load,
-            annotate=self.reports.annotate,
-        )
+        publish = functools.partial(host.log_event, topic)
+        self.stream = EventStream(self.bus, publish, self._load, annotate=self.reports.annotate)
 
     # -- what tests and the monitor read ----------------------------------------------------
     @property
@@ -357,6 +354,13 @@ class Server:
             raise ClusterError(f"server {self.sid}: {exc}") from None
         self.mode.configure(num_workers)
         self.waiting.resume()
+
+    @answered
+    async def barrier(self, group: str, rank: int, generation: int, parties: int) -> None:
+        """Return once ``parties`` ranks of run ``group`` entered its barrier ``generation``."""
+        if self.barred and f"{group}/".startswith(self.barred):
+            raise self._barred(rank)
+        await self.barriers.enter(group, rank, generation, parties)
 
     @answered
     async def abort(self, reason: str, run: str | None = None) -> None:

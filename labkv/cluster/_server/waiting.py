@@ -1,5 +1,5 @@
 """How a server's coroutines wait for its state to change, with a deadline
-(:class:`Waiters`), and the tasks nobody waits for (:class:`TaskGroup`).
+(:class:`Waiters`), and the barriers of the ranks (:class:`Barriers`).
 
 A waiter is a bare future checked by :meth:`Waiters.wake` after every state
 change: the waiting coroutine resumes in the loop's next iteration (an
@@ -71,3 +71,46 @@ class Waiters:
     def resume(self) -> None:
         """Waits may succeed again (a new run on the same servers)."""
         self.aborted = None
+
+
+class Barriers:
+    """The barriers of the runs on a server (held on server 0 of a store):
+    generation ``g`` of run ``group`` is passed once ``parties`` ranks entered
+    it. Arrivals are a set, so an arrival made again (after a failover) counts
+    once; one at a generation already passed returns at once (the others left
+    before the primary that passed it was lost). Every replica of server 0
+    holds the same arrivals (a barrier is broadcast), and a rank enters
+    ``g + 1`` only after every replica answered ``g``."""
+
+    __slots__ = ("arrived", "passed", "waiting")
+
+    def __init__(self, waiting: Waiters) -> None:
+        self.waiting = waiting
+        self.passed: dict[str, int] = {}  # group -> how many generations passed
+        self.arrived: dict[tuple[str, int], set[int]] = {}
+
+    async def enter(self, group: str, rank: int, generation: int, parties: int) -> None:
+        """Return once every rank of ``range(parties)`` entered ``generation``;
+        on timeout raise naming the ranks that did not."""
+
+        def passed() -> bool:
+            return generation < self.passed.get(group, 0)
+
+        if passed():
+            return
+        arrived = self.arrived.setdefault((group, generation), set())
+        arrived.add(rank)
+        if len(arrived) >= parties:
+            self.passed[group] = generation + 1
+            del self.arrived[(group, generation)]
+            self.waiting.wake()
+            return
+
+        def missing() -> str:
+            absent = sorted(set(range(parties)) - arrived)
+            return (
+                f"barrier {group!r} generation {generation} (of {parties} ranks): "
+                f"ranks {absent} have not arrived"
+            )
+
+        await self.waiting.until(passed, missing)

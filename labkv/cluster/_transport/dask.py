@@ -1,19 +1,22 @@
 """The Dask implementations of the seam (:mod:`.base`), and the scheduler's liveness.
 
-- :class:`ActorLink`: the notebook's, through Dask ``Actor`` handles.
-- :class:`RankLink`: a rank's (a Dask task), a coroutine on its worker's
-  event loop sending what ``Actor.<method>`` sends (:func:`execute_on`).
+- :class:`StreamLink`: a rank's (a Dask task's) or the notebook's, each call
+  a coroutine on the worker's (or the client's) event loop, sent on that
+  loop's :class:`~.stream.Stream` to the server's worker.
 - :class:`SameProcessLink`: a rank calling a server on its own worker
   in-process: no serialisation, no loopback TCP; arguments travel by reference.
-- :class:`DaskHost`: what a server needs from its Dask worker.
+- :class:`ActorLink`: through Dask ``Actor`` handles, the fallback of a
+  notebook that cannot reach the workers itself (behind a gateway), chosen in
+  one place: :func:`notebook_link`.
+- :class:`DaskHost`: what a server needs from its Dask worker; its calls to
+  its peers go on streams too.
 - :func:`scheduler_gone`: whether a client's scheduler is gone, and why.
 - :func:`forget_topic`: a store's event topic dropped from the scheduler.
 
 Every use of Dask internals by a link or a host (an actor handle's task,
-client and address, a worker's actor table and loop, the ``actor_execute``
-RPC, the text of Dask's "actor was lost" error) lives in this module, one
-helper each, and in :mod:`.channel`, the plain socket on which a primary's
-small log entries reach a backup (see :meth:`DaskHost.call_peer`).
+client and address, a worker's actor table and loop, the text of Dask's
+"actor was lost" error) lives in this module, one helper each, and in
+:mod:`.stream`, the comm handler and its callers.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from typing import Any
 from .._errors import ClusterError, answered_by
 from .._protocol.messages import Peer
 from .._protocol.methods import method as _method
+from . import stream as _stream
 from .base import Host, ServerLink, _encoded
-from .channel import MAX_BLOB_BYTES, Channel, install
+from .stream import dispatch as _dispatch
 
 
 # -- Dask's internals, one helper each -----------------------------------------------------
@@ -72,13 +76,6 @@ def actor_on(worker: Any, address: str, actor_key: str) -> Any | None:
     if address != worker.address:
         return None
     return worker.state.actors.get(actor_key)
-
-
-def _dispatch(obj: Any, method: str, args: Any) -> Any:
-    """``obj.<method>(*args)``, the method named by a string: an ``Actor``
-    handle's remote methods are its attributes (Dask's API), and a server
-    object's are its own."""
-    return getattr(obj, method)(*args)
 
 
 def _actor_was_lost(exc: BaseException) -> bool:
@@ -160,18 +157,27 @@ class ActorLink(ServerLink):
         super().raise_if_lost()
 
 
-class RankLink(ServerLink):
-    """A rank's link: each call is a coroutine put on its worker's event loop
-    with ``run_coroutine_threadsafe``: one hand-off to the loop, and a finished
-    call's result is read without another (an ``Actor`` future's ``result()``
-    always goes through the loop). ``actor``: the server's ``Actor`` handle,
-    when the rank has one (its task's status tells a loss early)."""
+class StreamLink(ServerLink):
+    """Calls on a stream (:mod:`.stream`): each call is a coroutine put on
+    ``loop`` (a rank's worker's, or the notebook client's) with
+    ``run_coroutine_threadsafe``: one hand-off to the loop, and a finished
+    call's result is read without another. ``actor``: the server's ``Actor``
+    handle, when the caller has one (its task's status tells a loss early);
+    ``client``: the notebook's Dask client (a lost scheduler is named first)."""
 
     def __init__(
-        self, sid: int, address: str, actor_key: str, worker: Any, loop: Any, actor: Any = None
+        self,
+        sid: int,
+        address: str,
+        actor_key: str,
+        loop: asyncio.AbstractEventLoop,
+        connection_args: dict,
+        actor: Any = None,
+        client: Any = None,
     ):
         super().__init__(sid, address)
-        self.actor_key, self.worker, self.loop, self.actor = actor_key, worker, loop, actor
+        self.actor_key, self.loop, self.connection_args = actor_key, loop, connection_args
+        self.actor, self.client = actor, client
 
     def call(self, method: str, *args: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(self._coro(method, args), self.loop)
@@ -183,20 +189,24 @@ class RankLink(ServerLink):
         return self._remote(method, args)
 
     async def _remote(self, method: str, args: tuple) -> Any:
-        """What ``Actor.<method>(*args)`` sends, awaited on the worker's loop."""
-        return await execute_on(
-            self.worker, self.address, self.actor_key, method, _encoded(method, args)
+        return await _stream.call(
+            self.connection_args, self.address, self.actor_key, method, _encoded(method, args)
         )
 
     def lost(self) -> str | None:
         return None if self.actor is None else _task_lost(self.actor)
 
+    def raise_if_lost(self) -> None:
+        if self.client is not None:  # a lost scheduler explains every lost server
+            raise_if_scheduler_gone(self.client)
+        super().raise_if_lost()
 
-class SameProcessLink(RankLink):
+
+class SameProcessLink(StreamLink):
     """A rank's link to a server on its own worker: the server's methods that
     copy what they keep are called in-process (``Method.local`` in
-    :mod:`labkv.cluster._protocol.methods`); Dask's actor calls would take a
-    socket to the worker's own address."""
+    :mod:`labkv.cluster._protocol.methods`); the others go on a stream to the
+    worker's own address."""
 
     same_process = True
 
@@ -206,12 +216,13 @@ class SameProcessLink(RankLink):
         address: str,
         actor_key: str,
         worker: Any,
-        loop: Any,
         server: Any,
         actor: Any = None,
     ):
-        super().__init__(sid, address, actor_key, worker, loop, actor)
-        self.server = server
+        super().__init__(
+            sid, address, actor_key, worker_loop(worker), worker.connection_args, actor
+        )
+        self.worker, self.server = worker, server
 
     def _coro(self, method: str, args: tuple) -> Any:
         if not _method(method).local:
@@ -239,8 +250,8 @@ def rank_link(
         return ActorLink(sid, address, actor)
     local = actor_on(worker, address, actor_key)
     if isinstance(local, server_type):
-        return SameProcessLink(sid, address, actor_key, worker, loop, local, actor)
-    return RankLink(sid, address, actor_key, worker, loop, actor)
+        return SameProcessLink(sid, address, actor_key, worker, local, actor)
+    return StreamLink(sid, address, actor_key, loop, worker.connection_args, actor)
 
 
 def rank_links(addresses: list[str], actors: list[Any], server_type: type) -> list[ServerLink]:
@@ -252,20 +263,49 @@ def rank_links(addresses: list[str], actors: list[Any], server_type: type) -> li
     ]
 
 
-async def execute_on(worker: Any, address: str, actor_key: str, method: str, args: list) -> Any:
-    """What ``Actor.<method>(*args)`` sends, from ``worker``'s event loop to the
-    actor ``actor_key`` on the worker at ``address``: its result, or its error."""
-    from distributed.protocol import to_serialize
+# -- the notebook's links: a stream when it reaches the worker -------------------------------
+#: Seconds the notebook tries to open a stream to a worker before it takes the
+#: actor path to it (a worker it cannot reach, behind a gateway).
+REACH_TIMEOUT_S = 5.0
 
-    try:
-        reply = await worker.rpc(address).actor_execute(
-            function=method, actor=actor_key, args=[to_serialize(a) for a in args], kwargs={}
-        )
-    except OSError as exc:
-        raise OSError(f"Unable to contact Actor's worker: {exc}") from exc
-    if reply["status"] == "OK":
-        return reply["result"]
-    raise reply["exception"]
+
+def _transport_setting() -> str:
+    """``labkv.transport`` in Dask's config: ``'auto'`` (a stream where the
+    notebook reaches the worker, else actor calls) or ``'actor'``."""
+    import dask
+
+    value = dask.config.get("labkv.transport", "auto")
+    if value not in ("auto", "actor"):
+        raise ValueError(f"dask config labkv.transport must be 'auto' or 'actor', got {value!r}")
+    return value
+
+
+def notebook_link(sid: int, address: str, actor: Any, client: Any) -> ServerLink:
+    """The notebook's link to server ``sid`` (the ``Actor`` handle ``actor``
+    at ``address``): on a stream from the client's loop when this process can
+    open one to the worker, else through the actor handle (calls the scheduler
+    relays). The one place the two are chosen."""
+    if _transport_setting() == "actor" or not reaches(client, address):
+        return ActorLink(sid, address, actor)
+    loop = _asyncio_loop(client.loop)
+    return StreamLink(sid, address, actor.key, loop, client.connection_args, actor, client)
+
+
+def reaches(client: Any, address: str) -> bool:
+    """Whether this process can open a stream to the worker at ``address``
+    (tried once per client loop and worker, within :data:`REACH_TIMEOUT_S`)."""
+
+    async def attempt() -> bool:
+        stream = _stream.stream_to(address, client.connection_args)
+        if stream.reachable is None:
+            try:
+                await stream.open(timeout=REACH_TIMEOUT_S)
+                stream.reachable = True
+            except (OSError, asyncio.TimeoutError):
+                stream.reachable = False
+        return stream.reachable
+
+    return client.sync(attempt)
 
 
 async def workers_of(worker: Any) -> set[str]:
@@ -275,7 +315,8 @@ async def workers_of(worker: Any) -> set[str]:
 
 
 class DaskHost(Host):
-    """The Dask worker a server actor lives on."""
+    """The Dask worker a server actor lives on; it answers streams
+    (:func:`~.stream.install`), and its calls to peers go on streams too."""
 
     def __init__(self, worker: Any = None):
         if worker is None:
@@ -283,8 +324,7 @@ class DaskHost(Host):
 
             worker = get_worker()
         self.worker, self.address = worker, worker.address
-        self.channels: dict[str, Channel] = {}
-        install(worker)
+        _stream.install(worker)
 
     def log_event(self, topic: str, batch: Any) -> None:
         self.worker.log_event(topic, batch)
@@ -293,33 +333,11 @@ class DaskHost(Host):
         return address in await workers_of(self.worker)
 
     def call_peer(self, peer: Peer, method: str, args: list) -> Any:
-        if method == "replicate":  # never in-process: a backup keeps what it applies
-            return self._replicate(peer, args[0])
+        # A replicate call never runs in-process: a backup keeps what it applies.
         local = actor_on(self.worker, peer.address, peer.actor_key)
-        if local is not None:
+        if local is not None and method != "replicate":
             return _dispatch(local, method, args)
-        return execute_on(self.worker, peer.address, peer.actor_key, method, args)
-
-    async def _replicate(self, peer: Peer, entry: tuple) -> None:
-        """``replicate(entry)`` on ``peer``: an entry without big values through
-        the :class:`~labkv.cluster._transport.channel.Channel` to its worker; an actor call otherwise,
-        when there is no channel, or when it broke (the actor call then finds
-        out whether the peer is alive)."""
-        _, blob, bigs = entry
-        fits = not bigs and len(blob) <= MAX_BLOB_BYTES
-        channel = self._channel_to(peer.address) if fits else None
-        if channel is not None and not channel.unavailable:
-            try:
-                return await channel.replicate(peer.actor_key, entry)
-            except OSError:
-                pass
-        return await execute_on(self.worker, peer.address, peer.actor_key, "replicate", [entry])
-
-    def _channel_to(self, address: str) -> Channel:
-        channel = self.channels.get(address)
-        if channel is None:
-            channel = self.channels[address] = Channel(self.worker, address)
-        return channel
+        return _stream.call(self.worker.connection_args, peer.address, peer.actor_key, method, args)
 
 
 def scheduler_gone(client: Any) -> str | None:
