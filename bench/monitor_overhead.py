@@ -1,7 +1,18 @@
-"""How much a monitor slows the local store: tiny and 1 MiB push+pull, side by side.
+"""How much a monitor slows the local store and a distributed run, side by side.
 
     python bench/monitor_overhead.py [--rounds 20] [--seconds 0.25] [--warmup 0.1]
+    python bench/monitor_overhead.py --cluster [--rounds 6] [--steps 200]
 
+``--cluster``: a distributed run (W = 2 ranks, ``labkv.cluster.run`` on an
+embedded 2-worker LocalCluster, S = 2 servers shared with the notebook's store)
+of a small MLP's training step: 4 keys (two 64x64 weights, two biases), each
+step a push of every gradient and a pull of every weight. Each round runs it
+unwatched and with ``monitor(kv)`` subscribed to the notebook's store (the
+ranks' and servers' events then travel to the notebook), in alternating
+order; printed: seconds per step, and the median [range] of each round's
+watched / unwatched ratio.
+
+The local store's conditions:
 Conditions, measured in interleaved rounds on one store, so that a noisy
 neighbour on a shared machine hurts every condition alike (many short rounds:
 the median of the per-round ratios is the steadiest reading here):
@@ -49,6 +60,7 @@ import numpy as np
 import labkv
 from labkv.events import summarize
 from labkv.widgets import monitor
+from labkv.widgets._monitor import DETAIL_BURST, DETAIL_INTERVAL
 
 Setup = Callable[[object], Callable[[], None]]
 
@@ -122,12 +134,84 @@ def _slower(ratio: float) -> str:
     return f"{(1 - ratio) * 100:+5.1f}%"
 
 
+MLP = {"w1": (64, 64), "b1": (64,), "w2": (64, 64), "b2": (64,)}
+
+
+def _mlp_steps(kv, steps: int) -> float:
+    """One rank's training loop: seconds per step (push every gradient, pull every weight)."""
+    keys = list(MLP)
+    grads = [np.full(MLP[k], 0.01, np.float32) for k in keys]
+    outs = [np.empty(MLP[k], np.float32) for k in keys]
+    for _ in range(5):
+        kv.push(keys, grads)
+        kv.pull(keys, out=outs)
+    kv.barrier()
+    t = time.perf_counter()
+    for _ in range(steps):
+        kv.push(keys, grads)
+        kv.pull(keys, out=outs)
+    elapsed = (time.perf_counter() - t) / steps
+    kv.barrier()
+    return elapsed
+
+
+def cluster_main(rounds: int, steps: int) -> None:
+    from labkv.cluster import connect, run
+
+    with connect(n_workers=2, dashboard_address=None) as handle:
+        kv = labkv.create("dist_sync", cluster=handle, num_servers=2)
+        kv.init(list(MLP), [np.zeros(shape, np.float32) for shape in MLP.values()])
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1))
+        watchers = {
+            "unwatched": lambda: None,
+            "no-op subscriber": lambda: (
+                kv.events.subscribe(
+                    lambda event: None, detail_interval=DETAIL_INTERVAL, detail_burst=DETAIL_BURST
+                ).unsubscribe
+            ),
+            "watched": lambda: monitor(kv).close,
+        }
+        times: dict[str, list[float]] = {name: [] for name in watchers}
+        ratios: dict[str, list[float]] = {name: [] for name in watchers}
+        order = list(watchers)
+        for _ in range(rounds):
+            random.shuffle(order)
+            this = {}
+            for name in order:
+                stop = watchers[name]()
+                try:
+                    per_rank = run(_mlp_steps, num_workers=2, kvstore=kv, args=(steps,))
+                finally:
+                    if stop is not None:
+                        stop()
+                this[name] = max(per_rank)
+                times[name].append(this[name])
+            for name in watchers:
+                ratios[name].append(this[name] / this["unwatched"])
+        kv.close()
+    print(f"labkv monitor overhead on a distributed run: {rounds} rounds x {steps} steps,")
+    print("W = 2 ranks, S = 2 servers, an MLP's 4 keys pushed and pulled per step")
+    print('("no-op subscriber": the events travel to the notebook, nobody draws them)')
+    for name, ts in times.items():
+        r = sorted(ratios[name])
+        print(
+            f"  {name:<17} {statistics.median(ts) * 1e3:8.3f} ms per step (median);"
+            f"  / unwatched per round: median {statistics.median(r):.3f} [{r[0]:.3f} .. {r[-1]:.3f}]"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--seconds", type=float, default=0.25)
     parser.add_argument("--warmup", type=float, default=0.1)
+    parser.add_argument("--cluster", action="store_true")
+    parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
+    if args.cluster:
+        cluster_main(args.rounds or 6, args.steps)
+        return
+    args.rounds = args.rounds or 20
     kv = labkv.create("local")
     cases = {
         "tiny (4 x float32)": ("tiny", np.ones(4, np.float32)),

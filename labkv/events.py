@@ -26,7 +26,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ._summary import summarize, summarize_sum
@@ -79,8 +79,19 @@ class Event:
     first_piece: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        """The event as plain Python data (JSON-able), e.g. to send it between processes."""
-        return asdict(self)
+        """The event as plain Python data (JSON-able), e.g. to send it between processes.
+        Its dicts are copied one level deep: their values are plain numbers and
+        strings (``dataclasses.asdict``, which copies recursively, cost a third
+        of a watched cluster server's event work).
+
+        >>> Event(0, 0.0, "s", "push", "w", summary={"min": 1.0}).to_dict()["summary"]
+        {'min': 1.0}
+        """
+        data = {name: getattr(self, name) for name in _FIELDS}
+        for name in ("summary", "before", "after", "extra"):
+            if data[name] is not None:
+                data[name] = dict(data[name])
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Event:
@@ -89,6 +100,9 @@ class Event:
         data["devices"] = tuple(data.get("devices", ()))
         data["shape"] = tuple(data.get("shape", ()))
         return cls(**data)
+
+
+_FIELDS = tuple(f.name for f in fields(Event))
 
 
 class Subscription:

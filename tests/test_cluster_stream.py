@@ -139,8 +139,9 @@ def _raw_call(address, actor_key, method, args):
     async def once():
         comm = await connect(address)
         try:
+            # no "framing" in the hello: the worker end reads Dask messages
             await comm.write({"op": _stream.HANDLER, "reply": False})
-            await comm.write({"i": 7, "k": actor_key, "m": method, "a": args})
+            await comm.write({"i": 7, "t": _stream.REQUEST, "v": (actor_key, method, args)})
             return await asyncio.wait_for(comm.read(), 10)
         finally:
             comm.abort()
@@ -155,12 +156,13 @@ def test_the_worker_end_calls_only_a_servers_remote_methods(handle):
         address = kv.placement()["w"][0]["replicas"][0]
         (key,) = [k for k in _run_on(handle, _actor_keys, address) if k in str(kv._servers[0])]
         reply = _raw_call(address, key, "__init__", [0, "x", 1, True, 1.0, "t"])
-        assert reply["i"] == 7 and isinstance(reply["x"], KeyError)
-        assert "no server method '__init__'" in str(reply["x"])
-        assert _raw_call(address, "no-such-actor", "peek", [["w"]])["gone"].startswith(
-            "no server no-such-actor"
-        )
-        assert _raw_call(address, key, "keys", [None])["r"]["w"].shape == (2,)
+        assert reply["i"] == 7 and reply["t"] == _stream.ERROR
+        assert isinstance(reply["v"], KeyError)
+        assert "no server method '__init__'" in str(reply["v"])
+        gone = _raw_call(address, "no-such-actor", "peek", [["w"]])
+        assert gone["t"] == _stream.GONE and gone["v"].startswith("no server no-such-actor")
+        reply = _raw_call(address, key, "keys", [None])
+        assert reply["t"] == _stream.RESULT and reply["v"]["w"].shape == (2,)
         out = np.empty(2, np.float32)
         kv.pull("w", out=out)
         np.testing.assert_array_equal(out, [1.0, 1.0])  # nothing changed
@@ -222,3 +224,35 @@ def test_no_worker_opens_a_listener_other_than_dasks(handle):
             assert listening and listening <= dasks, (address, listening, dasks)
     finally:
         kv.close()
+
+
+def _set_framing(value, dask_worker=None):
+    dask.config.set({"labkv.stream-framing": value})
+
+
+def _stream_framings(dask_worker):
+    """How each stream into this worker is framed, by the wire's class name."""
+    service = dask_worker.handlers[_stream.HANDLER].__self__
+    return sorted({type(w).__name__ for w in service.wires if not w.comm.closed()})
+
+
+@pytest.mark.parametrize("framing", ["messages", "frames"])
+def test_both_framings_carry_big_and_small_values_and_log_entries(handle, framing):
+    handle.client.run(_set_framing, framing)
+    _set_framing(framing)
+    handle.client.run(_break_incoming_streams)  # every caller opens its streams anew
+    try:
+        kv, primary, backup = _replicated_store(handle)
+        try:
+            np.testing.assert_array_equal(_rounds(kv, "small", 3, SMALL), np.full(SMALL, 3))
+            np.testing.assert_array_equal(_rounds(kv, "big", 2, BIG), np.full(BIG, 2))
+            _check_backup_equals_primary(handle, kv, primary, backup, "big")
+            wires = {"messages": "_Messages", "frames": "_Frames"}[framing]
+            assert _run_on(handle, _stream_framings, backup) == [wires]
+        finally:
+            kv.close()
+        for out in run(_sum_ranks, num_workers=2, cluster=handle, num_servers=2, replicas=2):
+            np.testing.assert_array_equal(out, [3.0, 3.0])
+    finally:
+        handle.client.run(_set_framing, "frames")
+        _set_framing("frames")
