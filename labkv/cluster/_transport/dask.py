@@ -22,6 +22,7 @@ client and address, a worker's actor table and loop, the text of Dask's
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from typing import Any
 
 from .._errors import ClusterError, answered_by
@@ -158,10 +159,11 @@ class ActorLink(ServerLink):
 
 
 class StreamLink(ServerLink):
-    """Calls on a stream (:mod:`.stream`): each call is a coroutine put on
-    ``loop`` (a rank's worker's, or the notebook client's) with
-    ``run_coroutine_threadsafe``: one hand-off to the loop, and a finished
-    call's result is read without another. ``actor``: the server's ``Actor``
+    """Calls on a stream (:mod:`.stream`): each call is handed to ``loop`` (a
+    rank's worker's, or the notebook client's) with ``call_soon_threadsafe``,
+    which writes it to the loop's stream to the worker without a task; its
+    reply settles the call's ``concurrent.futures.Future``, whose result is
+    read without another hand-off. ``actor``: the server's ``Actor``
     handle, when the caller has one (its task's status tells a loss early);
     ``client``: the notebook's Dask client (a lost scheduler is named first)."""
 
@@ -180,18 +182,15 @@ class StreamLink(ServerLink):
         self.actor, self.client = actor, client
 
     def call(self, method: str, *args: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(self._coro(method, args), self.loop)
-
-    def _coro(self, method: str, args: tuple) -> Any:
-        """The call's coroutine, made in the caller's thread: a server known to
-        be lost raises there, at once."""
+        # A server known to be lost raises here, at once; the message is encoded
+        # in the caller's thread, and only sending it is handed to the loop.
         self.raise_if_lost()
-        return self._remote(method, args)
-
-    async def _remote(self, method: str, args: tuple) -> Any:
-        return await _stream.call(
-            self.connection_args, self.address, self.actor_key, method, _encoded(method, args)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        where = (self.connection_args, self.address, self.actor_key)
+        self.loop.call_soon_threadsafe(
+            _stream.start, *where, method, _encoded(method, args), future
         )
+        return future
 
     def lost(self) -> str | None:
         return None if self.actor is None else _task_lost(self.actor)
@@ -224,13 +223,13 @@ class SameProcessLink(StreamLink):
         )
         self.worker, self.server = worker, server
 
-    def _coro(self, method: str, args: tuple) -> Any:
+    def call(self, method: str, *args: Any) -> Any:
         if not _method(method).local:
-            return super()._coro(method, args)
+            return super().call(method, *args)
         self.raise_if_lost()
         if actor_on(self.worker, self.address, self.actor_key) is not self.server:
             raise self.lost_error(RuntimeError("the server actor is gone from its worker"))
-        return _dispatch(self.server, method, args)
+        return asyncio.run_coroutine_threadsafe(_dispatch(self.server, method, args), self.loop)
 
 
 def rank_link(

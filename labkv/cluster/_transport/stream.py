@@ -40,6 +40,7 @@ then asks whether the server is lost); the next call opens a new comm.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import struct
 import weakref
 from typing import Any
@@ -234,7 +235,7 @@ class Stream:
         self.comm: Any = None
         self.wire: _Frames | _Messages | None = None
         self.opening: asyncio.Lock | None = None
-        self.pending: dict[int, asyncio.Future] = {}
+        self.pending: dict[int, Any] = {}  # asyncio or concurrent futures, by seq
         self.next_seq = 0
         self.readers = TaskGroup()
         self.reachable: bool | None = None  # whether the notebook could open it (see dask.reaches)
@@ -268,6 +269,25 @@ class Stream:
                 self.readers.spawn(_read_replies(self.wire, self.pending, self.address))
         return self.wire
 
+    def start(
+        self, actor_key: str, method: str, args: list, future: concurrent.futures.Future
+    ) -> None:
+        """:meth:`call` for a caller in another thread, run on the loop: the
+        request leaves now, with no task, when the comm is open (its reply
+        settles ``future`` from the reader), else once it is opened."""
+        wire = self.wire
+        if wire is None or self.comm.closed():
+            task = asyncio.ensure_future(self.call(actor_key, method, args))
+            task.add_done_callback(lambda done: _settle(done, future))
+            return
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        self.pending[seq] = future
+        try:
+            wire.send(seq, REQUEST, (actor_key, method, args))
+        except BaseException as exc:
+            self.pending.pop(seq, None)
+            future.set_exception(exc)
+
     def close(self) -> None:
         """Close the comm (calls in flight fail with ``OSError``)."""
         if self.comm is not None:
@@ -283,7 +303,7 @@ async def _read_replies(
     try:
         while True:
             seq, kind, value = await wire.receive()
-            future = pending.get(seq)
+            future = pending.pop(seq, None)
             if future is None or future.done():
                 continue
             if kind == RESULT:
@@ -309,6 +329,32 @@ def stream_to(address: str, connection_args: dict) -> Stream:
     if stream is None:
         stream = streams[address] = Stream(address, connection_args)
     return stream
+
+
+def _settle(done: asyncio.Future, future: concurrent.futures.Future) -> None:
+    """Give ``future`` the outcome of the finished task ``done``."""
+    if future.done():
+        return
+    if done.cancelled():
+        future.cancel()
+    elif done.exception() is not None:
+        future.set_exception(done.exception())
+    else:
+        future.set_result(done.result())
+
+
+def start(
+    connection_args: dict,
+    address: str,
+    actor_key: str,
+    method: str,
+    args: list,
+    future: concurrent.futures.Future,
+) -> None:
+    """``method(*args)`` on the server ``actor_key`` at ``address``, for a caller
+    in another thread: called on the loop (``loop.call_soon_threadsafe``), its
+    outcome settles ``future``."""
+    stream_to(address, connection_args).start(actor_key, method, args, future)
 
 
 async def call(connection_args: dict, address: str, actor_key: str, method: str, args: list) -> Any:
