@@ -170,5 +170,7 @@ class Updating:
 
     def _residuals_committed(self, replaced: dict) -> None:
         """A push's compression residuals were committed, replacing ``replaced``
-        (a backend whose push can still fail later keeps them to restore)."""
-        return None
+        (a backend whose push can still fail later keeps them to restore; here
+        the push is done, and their arrays take the next push's residuals)."""
+        if self._compression is not None:
+            self._compression.release(replaced)

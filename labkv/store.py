@@ -33,7 +33,7 @@ from ._args import (
 from ._checks import Checks
 from ._reporting import Reporting
 from ._rows import row_id_lists
-from ._types import Key
+from ._types import DIST_KINDS, Key
 from ._updating import Updating
 from .compression import GradientCompression
 from .devices import array_module, copy_into
@@ -169,7 +169,8 @@ class KVStore(Checks, Updating, Reporting):
         if self._compression is not None:
             for k, _ in items:
                 self._compression.check(k, self._meta[k][1])
-            sent, commit = self._compression.compress(items)
+            # A dist store's pushes travel packed: it gets each device's codes.
+            sent, commit = self._compression.compress(items, packed=self._kind in DIST_KINDS)
         self._push_impl(sent)
         if commit is not None:
             self._residuals_committed(commit())

@@ -20,7 +20,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from ...compression import GradientCompression, to_wire
+from ...compression import GradientCompression, wire_piece
 from ...devices import copy_into, device_of, empty
 from ...reduce import sum_into
 from .._device import host_view
@@ -68,14 +68,17 @@ def piece_spec(meta: Meta, pieces: Pieces, s: int, key: Any) -> tuple[np.dtype, 
 def compressed_pieces(
     compression: GradientCompression, placed: list[Piece], values: list[Any]
 ) -> list[tuple[int, np.ndarray]]:
-    """``(server, codes)`` of a compressed push of one key: per piece, every
-    device's quantised values packed (:func:`labkv.compression.to_wire`); the
-    server unpacks and sums them as this rank would have (pushes shrink 16x for
-    float32 at 2 bits; pulls stay uncompressed, as in MXNet)."""
-    per_device = [split(host(v), placed) for v in values]
+    """``(server, codes)`` of a compressed push of one key: ``values`` are each
+    device's codes of the whole value (``GradientCompression.compress(...,
+    packed=True)``), and per piece its rows are every device's codes of that
+    piece (:func:`labkv.compression.wire_piece`: the rows
+    :func:`labkv.compression.to_wire` makes of the piece's values); the server
+    unpacks and sums them as this rank would have (pushes shrink 16x for float32
+    at 2 bits; pulls stay uncompressed, as in MXNet)."""
+    per_device = [host(v) for v in values]  # a GPU's codes come over, 1/16 of its values
     return [
-        (p.server, to_wire(compression.type, compression.threshold, [d[i][1] for d in per_device]))
-        for i, p in enumerate(placed)
+        (p.server, np.stack([wire_piece(compression.type, c, p.start, p.stop) for c in per_device]))
+        for p in placed
     ]
 
 

@@ -27,12 +27,9 @@ import time
 from collections.abc import Set
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..._types import Key
-from ...compression import from_wire
+from ...compression import sum_from_wire
 from ...devices import Device, copy_into, empty
-from ...reduce import sum_into
 from ...shard import Shard
 from .._device import host_copy, host_view, packed_on_host
 from .._protocol.entries import Clock
@@ -123,10 +120,8 @@ class Mode:
         result = []
         for key, packed in items:
             stored = self.shard.values[key]
-            per_device = from_wire(kind, threshold, packed, stored.size)
-            value = np.empty(stored.shape, np.float32)
-            sum_into(value, [v.reshape(stored.shape) for v in per_device])
-            result.append((key, value))
+            value = sum_from_wire(kind, threshold, packed, stored.size)  # a new array
+            result.append((key, value.reshape(stored.shape)))
         return result
 
     async def push(self, push: Push) -> None:
