@@ -528,3 +528,37 @@ def test_a_primary_whose_backup_took_over_acknowledges_nothing_more():
         held.release()
         assert wait_until(lambda: old.log.deposed, timeout=5)
         assert old.log.acked == acked and old.rounds["w"].done == 1  # round 1 never finished
+
+
+def test_a_barrier_whose_primary_dies_after_answering_one_rank_releases_the_other():
+    # Rank 0 passed the barrier; rank 1 completed it on the primary, which died
+    # before answering it: rank 1 enters it again on the backup, which holds both
+    # arrivals (a barrier goes to every replica), instead of waiting for rank 0.
+    import threading
+    import time
+
+    with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2, timeout=3.0) as c:
+        for kv in c.ranks:
+            kv.init("w", np.zeros(2, np.float32))
+        rank0, rank1 = c.ranks
+        rank0_passed = threading.Event()
+
+        def first():
+            rank0.barrier()
+            rank0_passed.set()
+            rank0.barrier()  # the next generation, on the new primary
+
+        def last():
+            time.sleep(0.1)  # rank 0 is waiting in generation 0 by now
+            rank1._links[0].primary.die_after = "barrier"
+            start = time.monotonic()
+            rank1.barrier()
+            c.group.kill(0, replica=0)  # the old primary died then
+            assert rank0_passed.wait(2)
+            rank1.barrier()
+            return time.monotonic() - start
+
+        _, took = in_threads(first, last)
+        assert took < 2.0  # no wait for a timeout
+        assert c.group.servers_by_name(0)[0].primary  # the backup took over
+        assert rank1._links[0].generation == 1
