@@ -129,23 +129,26 @@ def encode(msg: tuple) -> tuple | bytes:
     return seal(msg)
 
 
-def _named(cls: type, msg: Any) -> Any:
-    if type(msg) is cls:
-        return msg
+def _fields(cls: type, msg: Any) -> Any:
+    """The plain tuple ``msg`` (unsealed), checked to have ``cls``'s arity."""
     msg = unseal(msg)
     if len(msg) != len(cls._fields):
         raise TypeError(
             f"a {cls.__name__} message has {len(cls._fields)} fields {cls._fields}, "
             f"got {len(msg)}: {msg!r:.200}"
         )
-    return cls._make(msg)
+    return msg
+
+
+def _named(cls: type, msg: Any) -> Any:
+    return msg if type(msg) is cls else cls._make(_fields(cls, msg))
 
 
 def decode_push(msg: Any) -> Push:
     """The :class:`Push` that :func:`encode` made (or the message itself)."""
     if type(msg) is Push:
         return msg
-    header, packed, bigs = _named(Push, msg)
+    header, packed, bigs = _fields(Push, msg)
     return Push(_named(PushHeader, header), packed, bigs)
 
 

@@ -56,6 +56,8 @@ def layout(nbytes: Sequence[int]) -> tuple[list[int], int]:
 
 def pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
     """The raw bytes of C-contiguous numpy ``arrays``, laid out by :func:`layout`."""
+    if len(arrays) == 1:  # a tiny call's one value: its bytes, copied
+        return arrays[0].reshape(-1).view(np.uint8).copy()
     offsets, total = layout([a.nbytes for a in arrays])
     buf = np.empty(total, dtype=np.uint8)
     for a, off in zip(arrays, offsets, strict=True):
@@ -67,11 +69,16 @@ def pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
 
 def unpack(buf: Any, specs: Sequence[Spec]) -> list[np.ndarray]:
     """Views of the arrays :func:`pack` put in ``buf``, given their ``(dtype, shape)``."""
+    buf = np.frombuffer(buf, dtype=np.uint8)
+    if len(specs) == 1:  # one value, at offset 0 (a wrong size raises below)
+        ((d, shape),) = specs
+        d = np.dtype(d)
+        if buf.nbytes == d.itemsize * math.prod(shape):
+            return [np.ndarray(shape, d, buffer=buf)]
     dtypes = [np.dtype(d) for d, _ in specs]
     offsets, total = layout(
         [d.itemsize * math.prod(shape) for d, (_, shape) in zip(dtypes, specs, strict=True)]
     )
-    buf = np.frombuffer(buf, dtype=np.uint8)
     if buf.nbytes != total:
         raise ValueError(f"packed buffer has {buf.nbytes} bytes; its layout needs {total}")
     return [
@@ -130,9 +137,10 @@ def seal(msg: tuple) -> tuple | bytes:
 
 def sealable(msg: tuple) -> bool:
     """Whether :func:`seal` makes ``msg`` one ``bytes``."""
-    return not any(not isinstance(x, bytes) for x in msg[-1]) and not any(
-        isinstance(x, np.ndarray) and x.nbytes >= PACK_BELOW for x in msg
-    )
+    last = msg[-1]  # bigs, or a pull's sealed pushes: mostly empty
+    if last and not all(isinstance(x, bytes) for x in last):
+        return False
+    return not any(isinstance(x, np.ndarray) and x.nbytes >= PACK_BELOW for x in msg)
 
 
 def unseal(msg: tuple | bytes) -> tuple:

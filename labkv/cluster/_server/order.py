@@ -15,10 +15,23 @@ vote), so that all slices update together or not at all.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 from ..._types import Key
 from .waiting import Waiters
+
+
+class _Ready:
+    """An awaitable that is done at once."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Iterator[None]:
+        return iter(())
+
+
+_READY = _Ready()
 
 
 class SenderOrder:
@@ -41,14 +54,16 @@ class SenderOrder:
         """The sequence number of ``sender``'s next push here."""
         return self.next_seq.get(sender, 0)
 
-    async def arrived(self, sender: str, seq: int, who: str) -> None:
+    def arrived(self, sender: str, seq: int, who: str) -> Awaitable[None]:
         """Wait until ``sender``'s first ``seq`` pushes have been applied here
-        (they may travel on other connections than the call that waits)."""
-        if self.next_seq.get(sender, 0) < seq:
-            await self.waiting.until(
-                lambda: self.next_seq.get(sender, 0) >= seq,
-                lambda: f"push #{self.next_seq.get(sender, 0)} from {who} never arrived",
-            )
+        (they may travel on other connections than the call that waits); an
+        awaitable, done at once (no coroutine made) when they have."""
+        if self.next_seq.get(sender, 0) >= seq:
+            return _READY
+        return self.waiting.until(
+            lambda: self.next_seq.get(sender, 0) >= seq,
+            lambda: f"push #{self.next_seq.get(sender, 0)} from {who} never arrived",
+        )
 
     def passed(self, sender: str, seq: int) -> None:
         """``sender``'s ``seq``-th push is applied (a resend may come after later pushes)."""
