@@ -89,10 +89,11 @@ def test_log_entries_small_and_big_reach_the_backup_on_its_stream(handle):
 
 def _break_incoming_streams(dask_worker):
     """Abort every stream into this worker, as a network failure would."""
-    comms = list(dask_worker.handlers[_stream.HANDLER].__self__.comms)
-    for comm in comms:
-        comm.abort()
-    return len(comms)
+    handler = dask_worker.handlers.get(_stream.HANDLER)  # none before a server starts
+    wires = [] if handler is None else list(handler.__self__.wires)
+    for wire in wires:
+        wire.comm.abort()
+    return len(wires)
 
 
 def test_a_broken_stream_is_opened_again_and_loses_no_entry(handle):
@@ -233,7 +234,7 @@ def _set_framing(value, dask_worker=None):
 def _stream_framings(dask_worker):
     """How each stream into this worker is framed, by the wire's class name."""
     service = dask_worker.handlers[_stream.HANDLER].__self__
-    return sorted({type(w).__name__ for w in service.wires if not w.comm.closed()})
+    return sorted({type(w).__name__ for w in service.wires})
 
 
 @pytest.mark.parametrize("framing", ["messages", "frames"])
@@ -256,3 +257,22 @@ def test_both_framings_carry_big_and_small_values_and_log_entries(handle, framin
     finally:
         handle.client.run(_set_framing, "frames")
         _set_framing("frames")
+
+
+def test_the_worker_end_frames_a_stream_as_its_caller_chose(handle):
+    # The workers frame their own streams as Dask messages, the notebook its own as
+    # frames: each worker end reads what its caller's hello says, whatever its config.
+    handle.client.run(_set_framing, "messages")
+    handle.client.run(_break_incoming_streams)
+    try:
+        kv, primary, backup = _replicated_store(handle)
+        try:
+            np.testing.assert_array_equal(_rounds(kv, "small", 3, SMALL), np.full(SMALL, 3))
+            np.testing.assert_array_equal(_rounds(kv, "big", 2, BIG), np.full(BIG, 2))
+            _check_backup_equals_primary(handle, kv, primary, backup, "big")
+            assert "_Frames" in _run_on(handle, _stream_framings, primary)  # the notebook's
+            assert "_Messages" in _run_on(handle, _stream_framings, backup)  # the primary's
+        finally:
+            kv.close()
+    finally:
+        handle.client.run(_set_framing, "frames")

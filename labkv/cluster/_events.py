@@ -163,14 +163,11 @@ class ClusterBus(EventBus):
             self._told = now
             self._on_active(self.active)
 
-    def receive(self, message: tuple[float, bytes | list[dict[str, Any]]]) -> None:
-        """A ``subscribe_topic`` handler: deliver one batch of events, in order
-        (as :func:`pack_batch` sent it, or a plain list of event dicts)."""
+    def receive(self, message: tuple[float, bytes]) -> None:
+        """A ``subscribe_topic`` handler: deliver one batch of events (as
+        :func:`pack_batch` sent it), in order."""
         _, batch = message
-        if isinstance(batch, bytes):
-            self.deliver_many(Event.from_dict(d) for d in pickle.loads(batch))
-        else:
-            self.deliver_many(Event.from_dict(_lists(d)) for d in batch)
+        self.deliver_many(Event.from_dict(d) for d in pickle.loads(batch))
 
 
 def pack_batch(batch: list[dict[str, Any]]) -> bytes:
@@ -185,12 +182,3 @@ def pack_batch(batch: list[dict[str, Any]]) -> bytes:
     [{'op': 'push', 'extra': {'pushed': (1, 2)}}]
     """
     return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _lists(data: dict[str, Any]) -> dict[str, Any]:
-    """Undo msgpack's lists-to-tuples in ``extra`` (``pushed``, ``missing`` are lists)."""
-    extra = data.get("extra")
-    if extra:
-        data = dict(data)
-        data["extra"] = {k: list(v) if isinstance(v, tuple) else v for k, v in extra.items()}
-    return data

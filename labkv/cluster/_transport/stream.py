@@ -128,7 +128,8 @@ class _Messages:
 
 
 def _framing(comm: Any) -> str:
-    """``'frames'`` on a Dask TCP comm (``tcp://``, ``tls://``), else ``'messages'``."""
+    """How the caller frames a new stream: ``'frames'`` on a Dask TCP comm
+    (``tcp://``, ``tls://``), else ``'messages'``; its hello tells the worker."""
     from distributed.comm.tcp import TCP
 
     return "frames" if isinstance(comm, TCP) and _setting() == "frames" else "messages"
@@ -175,17 +176,14 @@ class _Service:
     def __init__(self, worker: Any):
         self.worker = worker
         self.served = 0  # calls answered, for tests and benchmarks
-        self.comms: set = set()  # the streams open into this worker
-        self.wires: weakref.WeakSet = weakref.WeakSet()  # their wires, for tests
+        self.wires: set = set()  # the streams open into this worker
         self.tasks = TaskGroup()
 
     async def serve(self, comm: Any, framing: str = "messages", **hello: Any) -> None:
         """Answer every request on ``comm`` until it closes (Dask passes the
-        comm to a handler whose first parameter is named ``comm``)."""
-        wire = _wire(
-            comm, "frames" if framing == "frames" and _framing(comm) == "frames" else "messages"
-        )
-        self.comms.add(comm)
+        comm to a handler whose first parameter is named ``comm``), framed as
+        the caller's hello says (the caller chose, see :func:`_framing`)."""
+        wire = _wire(comm, framing)
         self.wires.add(wire)
         try:
             while True:
@@ -194,7 +192,7 @@ class _Service:
         except (OSError, asyncio.CancelledError):
             pass  # the caller closed its end, or this worker closes
         finally:
-            self.comms.discard(comm)
+            self.wires.discard(wire)
 
     async def _answer(self, wire: _Frames | _Messages, seq: int, request: tuple) -> None:
         actor_key, method, args = request
@@ -244,13 +242,25 @@ class Stream:
         """``method(*args)`` on the server ``actor_key`` at the far end: its
         result, or the error it raised; ``OSError`` when the stream broke."""
         wire = await self.open()
-        seq, self.next_seq = self.next_seq, self.next_seq + 1
-        reply = self.pending[seq] = asyncio.get_running_loop().create_future()
+        reply = asyncio.get_running_loop().create_future()
+        seq = self._send(wire, actor_key, method, args, reply)
         try:
-            wire.send(seq, REQUEST, (actor_key, method, args))
             return await reply
         finally:
             self.pending.pop(seq, None)
+
+    def _send(
+        self, wire: _Frames | _Messages, actor_key: str, method: str, args: list, reply: Any
+    ) -> int:
+        """Write the request, its reply to settle ``reply``; its sequence number."""
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        self.pending[seq] = reply
+        try:
+            wire.send(seq, REQUEST, (actor_key, method, args))
+        except BaseException:
+            self.pending.pop(seq, None)
+            raise
+        return seq
 
     async def open(self, timeout: float | None = None) -> _Frames | _Messages:
         """The open comm's wire, connected first when there is none (or it broke)."""
@@ -280,18 +290,10 @@ class Stream:
             task = asyncio.ensure_future(self.call(actor_key, method, args))
             task.add_done_callback(lambda done: _settle(done, future))
             return
-        seq, self.next_seq = self.next_seq, self.next_seq + 1
-        self.pending[seq] = future
         try:
-            wire.send(seq, REQUEST, (actor_key, method, args))
+            self._send(wire, actor_key, method, args, future)
         except BaseException as exc:
-            self.pending.pop(seq, None)
             future.set_exception(exc)
-
-    def close(self) -> None:
-        """Close the comm (calls in flight fail with ``OSError``)."""
-        if self.comm is not None:
-            self.comm.abort()
 
 
 async def _read_replies(
