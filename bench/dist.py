@@ -10,7 +10,8 @@ key whose pushes travel 2-bit compressed; 4 keys of 4 MiB), 200 keys x 1 KiB,
 one tiny key, and a barrier. The baseline is
 a task on one worker echoing the same bytes through one call to the other
 worker: to an async actor method (what labkv's servers are), and to a plain
-worker comm handler (the "worker extension" alternative). The echo runs on the
+worker comm handler (the "worker extension" alternative), and on labkv's own
+stream (one Dask comm to the worker's listener, its own frames on it). The echo runs on the
 store's own cluster (whose workers reuse big buffers, see
 ``labkv.cluster._runtime.connect._MALLOC_ENV``) and once more on a cluster with Dask's
 default worker environment (every buffer over 128 KiB a fresh mmap), the
@@ -50,6 +51,40 @@ class Echo:
 
     async def echo(self, data):
         return data
+
+    peek = echo  # a server method's name: what a labkv stream may call
+
+
+def _install_stream(dask_worker):
+    from labkv.cluster._transport import stream
+
+    stream.install(dask_worker)
+
+
+def _stream_echo(address, actor_key, nbytes, iters):
+    """The same echo on labkv's stream (``labkv.cluster._transport.stream``), from
+    the task's thread as a rank calls: handed to the worker's loop, written there."""
+    import concurrent.futures
+
+    from distributed import get_worker
+
+    from labkv.cluster._transport import stream
+
+    worker = get_worker()
+    loop = worker.loop.asyncio_loop
+    data = np.ones(nbytes // 4, dtype=np.float32)
+
+    def once():
+        future = concurrent.futures.Future()
+        where = (worker.connection_args, address, actor_key)
+        loop.call_soon_threadsafe(stream.start, *where, "peek", [data], future)
+        return future.result()
+
+    once()
+    t = time.perf_counter()
+    for _ in range(iters):
+        once()
+    return (time.perf_counter() - t) / iters
 
 
 def _actor_echo(actor, nbytes, iters):
@@ -373,6 +408,7 @@ def main(
         a, b = handle.workers()
         actor = client.submit(Echo, actor=True, workers=[b], pure=False).result()
         client.run(_install_handler, workers=[b])
+        client.run(_install_stream, workers=[b])
         base = {}
         for label, nbytes, iters in ECHOES:
             base[("actor", label)] = _best_of_3(
@@ -380,6 +416,9 @@ def main(
             )
             base[("handler", label)] = _best_of_3(
                 client, a, _handler_echo, b, nbytes, iters // scale
+            )
+            base[("stream", label)] = _best_of_3(
+                client, a, _stream_echo, b, actor.key, nbytes, iters // scale
             )
         cases = [(case, _CASES[case]) for case in names]
         rows, replicated = [], {}
@@ -457,6 +496,10 @@ def main(
     print(
         f"  worker comm handler: 16 MiB {base[('handler', '16MiB')] * 1e3:7.2f}   "
         f"tiny {base[('handler', 'tiny')] * 1e3:6.3f}"
+    )
+    print(
+        f"  labkv's stream     : 16 MiB {base[('stream', '16MiB')] * 1e3:7.2f}   "
+        f"tiny {base[('stream', 'tiny')] * 1e3:6.3f}"
     )
     print(
         f"  actor, Dask's default worker environment: 16 MiB "
