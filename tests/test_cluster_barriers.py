@@ -26,7 +26,7 @@ def test_a_generation_passes_when_the_last_rank_enters_it_in_any_order():
         assert not any(e.done() for e in entered)
         await barriers.enter("run", 1, 0, 3)  # the last: returns at once
         await asyncio.wait_for(asyncio.gather(*entered), 1)
-        assert barriers.passed == {"run": 1} and barriers.arrived == {}
+        assert barriers.passed == {"run": 0} and barriers.arrived == {}
 
     asyncio.run(main())
 
@@ -57,7 +57,7 @@ def test_runs_and_generations_are_counted_apart():
         assert not other.done()  # the solo run's generations pass nothing of the pair's
         await barriers.enter("pair", 1, 0, 2)
         await asyncio.wait_for(other, 1)
-        assert barriers.passed == {"solo": 2, "pair": 1}
+        assert barriers.passed == {"solo": 1, "pair": 0}
 
     asyncio.run(main())
 

@@ -47,7 +47,7 @@ def _push(sender, rank, seq, value, keys=("w",)):
 
 
 def _pull(sender, seq):
-    return encode(Pull(sender, seq, ["w"], ()))
+    return encode(Pull(sender, seq, ["w"], None, None, ()))
 
 
 def _read(reply):

@@ -3,7 +3,9 @@
 - :func:`connect`: an embedded ``LocalCluster`` or a running scheduler.
 - ``labkv.create('dist_sync', cluster=handle)``: a store whose keys live on
   server actors; in a notebook the kernel is rank 0 of 1.
-- :func:`run`: ``fn(kv)`` as W ranks, one pinned Dask task per worker.
+- :func:`run`: ``fn(kv)`` as W ranks, one pinned Dask task per worker;
+  ``for step in kv.steps(n)`` (each a :class:`Step`) lets ``run`` replace a
+  rank lost mid-run (``on_rank_loss="replace"``).
 
 See ``docs/cluster.md`` for the design and every scheduling choice.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from ._errors import ClusterError
 from ._placement import key_id, place
+from ._rank.steps import Step
 from ._rank.store import DistStore
 from ._runtime.connect import ClusterHandle, connect, default_handle
 from ._runtime.links import create_store
@@ -21,6 +24,7 @@ __all__ = [
     "ClusterError",
     "ClusterHandle",
     "DistStore",
+    "Step",
     "connect",
     "create_store",
     "default_handle",

@@ -69,6 +69,8 @@ class StoreSpec:
     replicas: int = 1
     #: per server id, its replicas as ``(worker address, actor key)``, primary first
     replica_members: list = field(default_factory=list)
+    #: the run's seed: ``kv.steps``'s generators are seeded by (seed, rank, step)
+    seed: int = 0
 
     @property
     def sync(self) -> bool:

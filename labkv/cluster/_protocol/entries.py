@@ -102,10 +102,15 @@ class Entry(NamedTuple):
     updates: list[tuple[Key, Any]]
     pushes: list[tuple[str, Key, int]]
     note: Note | None
+    marks: tuple | list = ()  # (key, rank, step, number) each, see _server.replication.steps
 
 
 def encode_entry(
-    index: int, updates: list[tuple[Key, Any]], pushes: list[tuple], note: Note | None = None
+    index: int,
+    updates: list[tuple[Key, Any]],
+    pushes: list[tuple],
+    note: Note | None = None,
+    marks: list[tuple] | None = None,
 ) -> tuple:
     """A log entry as it travels: ``(index, blob, bigs)``, the pushes, the note
     and the values under ``PACK_BELOW`` bytes pickled into one ``bytes`` (Dask
@@ -114,7 +119,8 @@ def encode_entry(
     big = [i for i, (_, v) in enumerate(updates) if v is not None and v.nbytes >= PACK_BELOW]
     small = [u for i, u in enumerate(updates) if i not in big]
     noted = None if note is None else cloudpickle.dumps(encode_note(note))
-    blob = pickle.dumps((small, big, [updates[i][0] for i in big], pushes, noted), protocol=5)
+    big_keys = [updates[i][0] for i in big]
+    blob = pickle.dumps((small, big, big_keys, pushes, noted, marks or []), protocol=5)
     return index, blob, [updates[i][1] for i in big]
 
 
@@ -133,10 +139,10 @@ def decode_entry(entry: tuple) -> Entry:
     Told(sender='s', keys=['a'])
     """
     index, blob, bigs = entry
-    small, big, big_keys, pushes, noted = pickle.loads(blob)
+    small, big, big_keys, pushes, noted, marks = pickle.loads(blob)
     updates, smalls = [], iter(small)
     placed = dict(zip(big, zip(big_keys, bigs, strict=True), strict=True))
     for i in range(len(small) + len(big)):
         updates.append(placed[i] if i in placed else next(smalls))
     note = None if noted is None else decode_note(pickle.loads(noted))
-    return Entry(index, updates, pushes, note)
+    return Entry(index, updates, pushes, note, marks)

@@ -57,6 +57,7 @@ class PushHeader(NamedTuple):
     big: list  # positions in keys whose values travel as their own arrays (in ``bigs``)
     borrowed: bool  # the big arrays are the caller's own (a rank on the server's worker)
     codes: Codes | None  # compressed push: how to decode the values
+    step: int | None = None  # the index of the rank's step (inside ``kv.steps``)
 
 
 class Push(NamedTuple):
@@ -70,12 +71,15 @@ class Push(NamedTuple):
 class Pull(NamedTuple):
     """One pull: the values of ``keys`` after ``sender``'s first ``seq`` pushes
     to this server, with ``pushes`` (sealed :class:`Push` messages the sender
-    held back) applied first."""
+    held back) applied first; inside ``kv.steps``, rank ``rank``'s pull in
+    step ``step`` (it reads the values as of that step's start)."""
 
     sender: str
     seq: int
     keys: list
-    pushes: tuple
+    rank: int | None
+    step: int | None
+    pushes: tuple  # last: a message's last element is what it carries (see packing.seal)
 
 
 class Values(NamedTuple):

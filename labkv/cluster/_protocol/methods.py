@@ -52,6 +52,8 @@ METHODS: dict[str, Method] = _table(
     Method("get_states"),
     Method("configure", broadcast=True),
     Method("abort", broadcast=True),
+    Method("fence", broadcast=True),
+    Method("resume_step", local=True),
     Method("barrier", local=True, broadcast=True),
     Method("link", broadcast=True),
     Method("streaming"),

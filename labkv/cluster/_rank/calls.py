@@ -206,16 +206,20 @@ class Calls:
         self.flush()
         self.wait(calls, "push")
 
-    def pull(self, keys: dict[int, list]) -> list[Any]:
+    def pull(
+        self, keys: dict[int, list], rank: int | None = None, step: int | None = None
+    ) -> list[Any]:
         """Pull ``keys[s]`` from each server ``s``: each pull carries the pushes
         held for its server (the others are sent now), and waits, on the server,
-        for this rank's earlier pushes. The replies, in the order of ``keys``."""
+        for this rank's earlier pushes (``step``: rank ``rank``'s step, see
+        :mod:`.steps`). The replies, in the order of ``keys``."""
         with self.sending("pull"):  # the held pushes ride in the pulls: all of them leave
             carried = self.holding.release(carry=keys) if self.holding else {}
             sent = self.sent
             calls = [
-                (s, self.send(s, "pull", Pull(self.sender, sent[s], ks, tuple(carried.get(s, ())))))
+                (s, self.send(s, "pull", Pull(self.sender, sent[s], ks, rank, step, held)))
                 for s, ks in keys.items()
+                for held in [tuple(carried.get(s, ()))]
             ]
         self.flush()  # waits concurrently with the pulls: both are already sent
         return self.wait(calls, "pull")

@@ -27,6 +27,21 @@ def send_init(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
     calls.wait(calls.call_each("init", {s: (b,) for s, b in per_server.items()}), "init")
 
 
+def heir_init(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
+    """The init of the owner's replacement (rank 0 replaced mid-run, replaying
+    its function): the keys its lost incarnation initialised are checked as a
+    non-owner's are, the others initialised as the owner's."""
+    found: dict[Any, Any] = {}
+    for metas in calls.all("keys", [k for k, _ in items]):
+        found.update(metas)
+    missing = [(k, a) for k, a in items if k not in found]
+    if missing:
+        send_init(calls, missing, ids, placed)
+    present = [(k, a) for k, a in items if k in found]
+    if present:
+        wait_for_owner(calls, present, ids, placed)
+
+
 def wait_for_owner(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
     """A non-owner's init: wait until the owner has initialised ``items``
     where this rank placed them, and check it gave the same shapes, dtypes

@@ -121,6 +121,7 @@ def push_message(
     copy: bool,
     same_process: bool,
     compression: GradientCompression | None = None,
+    step: int | None = None,
 ) -> Push:
     """One server's push of ``batch`` (``header``: sender, rank, seq): the small
     values packed into one buffer (a copy), the big ones as they are, or copied
@@ -139,7 +140,7 @@ def push_message(
     values = pack_values([v for _, v in batch], np.array if copy else _same)
     borrowed = not copy and codes is None and same_process
     keys = [k for k, _ in batch]
-    header = PushHeader(*header, keys, dtypes, values.big, borrowed, codes)
+    header = PushHeader(*header, keys, dtypes, values.big, borrowed, codes, step)
     return Push(header, values.packed, values.bigs)
 
 
@@ -264,16 +265,18 @@ def pickled_updater(updater: Any) -> bytes:
 
 
 def placement_table(
-    pieces: Pieces, meta: Meta, devices: list[str], addresses: list[str]
+    pieces: Pieces, meta: Meta, devices: list[str], links: list[Any]
 ) -> dict[Any, list[dict[str, Any]]]:
-    """``kv.placement()``: per key, its pieces ``{'server', 'device', 'start', 'stop'}``."""
+    """``kv.placement()``: per key, its pieces ``{'server', 'device', 'start',
+    'stop', 'replicas'}``, each server as its link (``links``) reaches it now."""
     return {
         key: [
             {
                 "server": p.server,
-                "device": f"{devices[p.server] if devices else 'cpu(0)'}@{addresses[p.server]}",
+                "device": f"{devices[p.server] if devices else 'cpu(0)'}@{links[p.server].address}",
                 "start": p.start,
                 "stop": p.stop,
+                "replicas": links[p.server].replicas(),
             }
             for p in pieces[key]
         ]

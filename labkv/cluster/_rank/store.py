@@ -3,32 +3,31 @@ keys live on server actors (:mod:`labkv.cluster._server.actor`) on Dask workers.
 
 The base class normalises and validates every call; this backend turns the
 checked ``[(key, [arrays])]`` into one message per server per call
-(:mod:`labkv.cluster._rank.split`), sends them (:mod:`labkv.cluster._rank.calls`, through the links of
+(:mod:`.split`), sends them (:mod:`.calls`, through the links of
 :mod:`labkv.cluster._transport.dask`), and assembles what the servers send back.
-
 Choices made here, and why:
 
 - **Small pushes are not waited for, and a rank holds them back to fold them
-  into its next pull** of the same server: see :mod:`labkv.cluster._rank.calls` and
-  :mod:`labkv.cluster._rank.holding`.
+  into its next pull** of the same server (:mod:`.calls`, :mod:`.holding`).
 - **Per-device values are summed here first** (``dist_device_sync``: on the
   device they live on), so one array per key crosses the network.
 - **Only the store's owner (rank 0, or the notebook when it shares its store
   with a run) initialises keys; every rank ships its updater or optimizer**,
-  saying whether it is the owner (the servers' rules are in :mod:`labkv.cluster._server.control`),
-  and returns once every server has one: a rank's later pushes are applied
-  with it, as in MXNet. Other ranks' ``init`` waits until the owner's keys
-  exist, and checks them.
+  saying whether it is the owner (the servers' rules: :mod:`labkv.cluster._server.control`),
+  and returns once every server has one, as in MXNet. Other ranks' ``init``
+  waits until the owner's keys exist, and checks them (as a replacement does).
 - **``str`` keys are numbered in init order** (:class:`._placement.KeyIds`),
   MXNet's rule, so that a model's keys spread over the servers; the owner's
   number travels with its init, and a rank that numbered a key otherwise is told.
+- **Calls inside ``kv.steps`` carry the step** (:mod:`.steps`), so that a lost
+  rank can be replaced mid-run.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,8 +43,9 @@ from .._transport.base import ServerLink
 from . import split as messages
 from .calls import ACK_ABOVE, Calls
 from .failover import ReplicatedLink
-from .keys import send_init, wait_for_owner
+from .keys import heir_init, send_init, wait_for_owner
 from .settings import Settings
+from .steps import Step, StepCounter, resume_step
 from .streaming import Streaming
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class DistStore(KVStore):
         handle: Any = None,
         release: Callable[[], None] | None = None,
         on_replica_lost: Callable[[DistStore, ReplicatedLink, str | None], None] | None = None,
+        incarnation: int = 0,
     ):
         super().__init__(spec.kind, spec.name or spec.kind)
         self._id = spec.store_id
@@ -87,22 +88,23 @@ class DistStore(KVStore):
         # The values of a waited-for push that timed out: the next push, if it is
         # the same, is its retry, and is not sent again (see _push_impl).
         self._timed_out: list[tuple[Key, list[np.ndarray]]] | None = None
-        # A run's ranks send as "<run's barrier group>/<rank>/...": a stopped run's
-        # servers refuse them (see Server.barred); the notebook's store has no prefix.
-        prefix = "" if handle is not None else f"{spec.group}/{rank}/"
+        # A run's ranks send as "<run's barrier group>/<rank>.<incarnation>/...": a
+        # stopped run's servers refuse them, and a lost rank's once it is replaced
+        # (see Server.fences); the notebook's store has no prefix.
+        prefix = "" if handle is not None else f"{spec.group}/{rank}.{incarnation}/"
         self._calls = Calls(links, spec.timeout, self._restore_residuals, prefix)
+        self._incarnation = incarnation  # a replacement's step loops start where the rank was lost
+        resume = functools.partial(resume_step, self._calls, rank) if incarnation else None
+        self._steps = StepCounter(rank, spec.seed, resume)
         self._pieces: dict[Key, list[Piece]] = {}
         self._ids = KeyIds()  # str keys numbered in this process's init order, as MXNet
-        self._barriers = 0  # how many barriers this rank entered
-        self._settings = Settings(
-            self._calls, spec, self._meta, self._pieces, owner=owner, rank=rank
-        )
+        self._barriers = 0  # how many barriers this rank entered (numbered by self._steps)
+        owns = owner and not incarnation  # a replacement's equal settings change nothing
+        parts = (self._calls, spec, self._meta, self._pieces)
+        self._settings = Settings(*parts, owner=owns, rank=rank)
         # The notebook's store: its events come from the servers, while watched.
-        self._streaming = (
-            None
-            if handle is None
-            else Streaming(handle.client, self._id, self._calls, spec.timeout)
-        )
+        streams = Streaming(handle.client, self._id, self._calls, spec.timeout) if handle else None
+        self._streaming = streams
         self.events = EventBus(self._id) if self._streaming is None else self._streaming.bus
         for link in links:
             link.bind(self._calls.sender, spec.timeout, self._failed_over, self._promoted)
@@ -112,6 +114,26 @@ class DistStore(KVStore):
     def rank(self) -> int:
         """This worker's rank among the store's ``num_workers``."""
         return self._rank
+
+    @property
+    def incarnation(self) -> int:
+        """How many times this rank was replaced before (0: the first; see
+        ``run(..., on_rank_loss="replace")``)."""
+        return self._incarnation
+
+    def steps(self, n: int, seed: int | None = None) -> Iterator[Step]:
+        """The training loop's steps, ``for step in kv.steps(n):``, each a
+        :class:`~labkv.cluster.Step` (``step.index``, and ``step.rng`` seeded
+        by ``(seed, rank, step)``; ``seed`` defaults to the run's). A rank lost
+        mid-run is replaced at the step it was lost in, which it replays
+        (``run(..., on_rank_loss="replace")``, ``docs/cluster.md``): keep what
+        a step needs in the store or in ``step``, not in variables across steps.
+
+        >>> for step in kv.steps(3):  # doctest: +SKIP
+        ...     w = kv.pull("w")
+        ...     kv.push("w", grad(w, batch_of(step.index), step.rng))
+        """
+        return self._steps.loop(n, seed)
 
     @property
     def num_workers(self) -> int:
@@ -249,7 +271,9 @@ class DistStore(KVStore):
         ids = dict(zip(keys, self._ids.proposed(keys), strict=True))
         placed = {k: self._place(ids[k], int(a.size)) for k, a in items}
         self._settings.check_updater(self._updater, placed)
-        if self._owner:
+        if self._owner and self._incarnation:  # a replacement: its lost one's keys are there
+            heir_init(self._calls, items, ids, placed)
+        elif self._owner:
             send_init(self._calls, items, ids, placed)
         else:
             wait_for_owner(self._calls, items, ids, placed)
@@ -271,21 +295,13 @@ class DistStore(KVStore):
         # A replicated dist_sync push is kept until its round is acknowledged, after
         # the push returns: a big one lent to the server is copied to be kept.
         keep_copies = self._spec.replicas > 1 and self._spec.sync
+        meta, step = self._meta, self._steps.current
         with calls.sending("push"):  # numbers taken are numbers sent, Ctrl-C or not
-            msgs = [
-                (
-                    s,
-                    messages.push_message(
-                        (calls.sender, self._rank, calls.next_seq(s)),
-                        batch,
-                        self._meta,
-                        copy=not wait,
-                        same_process=links[s].same_process,
-                        compression=compression,
-                    ),
-                )
-                for s, batch in per_server.items()
-            ]
+            msgs = []
+            for s, batch in per_server.items():
+                header, local = (calls.sender, self._rank, calls.next_seq(s)), links[s].same_process
+                msg = messages.push_message(header, batch, meta, not wait, local, compression, step)
+                msgs.append((s, msg))
             sent = calls.send_pushes(msgs, wait, keep_copies)
         try:
             calls.finish_pushes(sent, wait)
@@ -301,7 +317,8 @@ class DistStore(KVStore):
                 per_server[p.server][key] = None
         keys = {s: list(ks) for s, ks in per_server.items()}
         got: dict[tuple[int, Key], Any] = {}
-        for (s, ks), reply in zip(keys.items(), self._calls.pull(keys), strict=True):
+        replies = self._calls.pull(keys, self._rank, self._steps.current)
+        for (s, ks), reply in zip(keys.items(), replies, strict=True):
             lookup = functools.partial(messages.piece_spec, self._meta, self._pieces, s)
             for key, value in values_items(ks, decode_values(reply), lookup):
                 got[(s, key)] = value
@@ -334,11 +351,10 @@ class DistStore(KVStore):
         except Exception as exc:
             if failed_update(exc) is None:
                 raise  # a lost server or a timeout: this rank cannot go on
-            # An updater refused a push of this rank: the rank has still reached
-            # the barrier, so it enters it (the other ranks must not wait for it
-            # until their timeout), then raises the updater's error once.
+            # An updater refused a push of this rank: it still enters the barrier
+            # (the others must not wait for it), then raises the error once.
             failed = exc
-        generation, self._barriers = self._barriers, self._barriers + 1
+        generation, self._barriers = self._steps.barrier(), self._barriers + 1
         if self._num_workers > 1:  # held on server 0, the answer once every rank entered
             args = (self._spec.group, self._rank, generation, self._num_workers)
             self._calls.wait([(0, self._calls.call(0, "barrier", *args))], "barrier")
@@ -349,26 +365,18 @@ class DistStore(KVStore):
         """Where every key lives, in the local store's format: per key, its
         pieces ``{'server': s, 'device': 'cpu(0)@<worker address>', 'start': a,
         'stop': b, 'replicas': [<worker address>, ...]}`` (flat element offsets;
-        one piece, or one slice per server for values of at least
-        ``bigarray_bound`` elements; ``replicas``: the workers holding the
-        piece, primary first, the one worker when ``replicas=1``). A value
-        below ``bigarray_bound`` lives on server ``(id * 9973) % num_servers``,
-        a str key's id its position in init order (see
-        :mod:`labkv.cluster._placement`).
+        one piece, or one slice per server from ``bigarray_bound`` elements;
+        ``replicas``: the piece's workers, primary first). A value below
+        ``bigarray_bound`` lives on server ``(id * 9973) % num_servers``, a str
+        key's id its position in init order (:mod:`labkv.cluster._placement`).
 
         >>> kv.init(["W1", "b1"], [np.zeros(4), np.zeros(2)])  # doctest: +SKIP
         >>> [kv.placement()[k][0]["server"] for k in ["W1", "b1"]]  # doctest: +SKIP
         [0, 1]
         """
-        table = messages.placement_table(
-            self._pieces, self._meta, self._spec.server_devices, self._spec.server_addresses
+        return messages.placement_table(
+            self._pieces, self._meta, self._spec.server_devices, self._links
         )
-        for pieces in table.values():
-            for piece in pieces:  # the workers of its replicas, primary first
-                link = self._links[piece["server"]]
-                piece["replicas"] = link.replicas()
-                piece["device"] = piece["device"].split("@")[0] + "@" + link.address
-        return table
 
     def server_load(self) -> list[dict[str, Any]]:
         """Per server: its device, bytes in/out so far, keys and bytes held,

@@ -129,10 +129,11 @@ def new_store(
     handle: Any = None,
     release: Callable[[], None] | None = None,
     replica_actors: list[Any] | None = None,
+    incarnation: int = 0,
 ) -> DistStore:
     """A :class:`DistStore` on the servers of ``spec``, with its links; the
     notebook's (``handle``) re-seeds the replicas its links lose, and its
-    ``release`` stops those too."""
+    ``release`` stops those too; ``incarnation``: a rank's replacement's number."""
     reseeded: list[Any] = []  # futures of replicas started after a failover
 
     def lost(store: DistStore, link: ReplicatedLink, old: str | None) -> None:
@@ -152,6 +153,7 @@ def new_store(
         handle=handle,
         release=None if release is None else release_all,
         on_replica_lost=lost,
+        incarnation=incarnation,
     )
 
 

@@ -41,6 +41,7 @@ from .._rank.store import DistStore
 from .._transport.dask import raise_if_scheduler_gone, scheduler_gone, worker_loop
 from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
+from .elastic import Replacer, check_on_rank_loss
 from .launch import check_cluster_args, start_servers
 from .links import new_store
 from .watch import _POLL_S, _stop_ranks, _watch
@@ -59,12 +60,14 @@ def _rank_main(
     args: tuple,
     kwargs: dict,
     detail: tuple[float, int] | None = None,
+    incarnation: int = 0,
 ) -> Any:
-    """The task of one rank: build its store, run ``fn``, wait for its pushes.
-    With ``detail`` (the notebook's subscribers' ``(detail_interval,
-    detail_burst)``), the rank's events go to the store's topic meanwhile."""
+    """The task of one rank (its ``incarnation``-th replacement, 0: the first):
+    build its store, run ``fn``, wait for its pushes. With ``detail`` (the
+    notebook's subscribers' ``(detail_interval, detail_burst)``), the rank's
+    events go to the store's topic meanwhile."""
     _quiet_rank_failures()
-    kv = new_store(spec, servers, rank, num_workers, owner=owner)
+    kv = new_store(spec, servers, rank, num_workers, owner=owner, incarnation=incarnation)
     stop_stream = _stream_events(kv, *detail) if detail is not None else None
     try:
         result = fn(kv, *args, **kwargs)
@@ -131,6 +134,10 @@ def run(
     server_device: str = "auto",
     staleness: int | None = None,
     replicas: int = 1,
+    on_rank_loss: str = "fail",
+    max_restarts: int = 3,
+    replace_timeout: float = 60.0,
+    seed: int = 0,
 ) -> list[Any]:
     """Run ``fn(kv, *args, **kwargs)`` as ``num_workers`` ranks, one pinned
     Dask task per worker, all on the same servers; the results in rank order.
@@ -154,6 +161,19 @@ def run(
     the loss of a worker that hosts only servers (the next replica takes
     over, a new one is seeded, nothing acknowledged is lost).
 
+    ``on_rank_loss``: what a lost rank does to the run (its worker died,
+    was killed or restarted). ``"fail"`` (the default) stops the run and
+    raises, naming the rank. ``"replace"`` starts the rank again on a worker
+    that runs no rank (a spare, or the lost worker once its nanny has
+    restarted it; waiting at most ``replace_timeout`` seconds for one), at
+    most ``max_restarts`` times per rank, and the run goes on: with the step
+    loop (``for step in kv.steps(n)``) the replacement resumes at the step
+    its rank was lost in, and a dist_sync run ends bit-identical to an
+    undisturbed one (what each store type guarantees is in
+    ``docs/cluster.md``). A rank lost twice at the same step fails the run (a
+    step that kills its worker is a crash). ``seed`` seeds every
+    ``step.rng``, with the rank and the step.
+
     >>> from labkv.cluster import connect, run
     >>> def train(kv):
     ...     kv.init(0, np.zeros(2)); kv.push(0, np.full(2, kv.rank + 1.0)); return kv.pull(0)
@@ -163,8 +183,16 @@ def run(
     >>> with connect(n_workers=3) as handle:  # doctest: +SKIP
     ...     run(train, num_workers=2, cluster=handle, num_servers=1, replicas=2)
     [array([3., 3.]), array([3., 3.])]
+    >>> def steps(kv):
+    ...     kv.init(0, np.zeros(2))
+    ...     for step in kv.steps(10):
+    ...         kv.push(0, step.rng.standard_normal(2)); w = kv.pull(0)
+    ...     return w
+    >>> with connect(n_workers=3) as handle:  # one spare worker  # doctest: +SKIP
+    ...     run(steps, num_workers=2, cluster=handle, replicas=2, on_rank_loss="replace")
     """
     kwargs = dict(kwargs or {})
+    check_on_rank_loss(on_rank_loss, max_restarts, replace_timeout)
     shared = isinstance(kvstore, DistStore)
     if shared:
         if kvstore.handle is None:
@@ -225,13 +253,15 @@ def run(
             staleness=staleness,
             replicas=replicas,
         )
-    spec = dataclasses.replace(spec, group=group)  # this run's own barrier
+    spec = dataclasses.replace(spec, group=group, seed=int(seed))  # this run's own barrier
     rank_workers = workers[:num_workers]
     # The notebook watches the shared store: the ranks stream their own events too.
     watched = shared and kvstore.events.active
     detail = (kvstore.events.detail_interval, kvstore.events.detail_burst) if watched else None
-    futures = [
-        client.submit(
+
+    def submit(rank: int, incarnation: int, worker: str, spec: StoreSpec = spec) -> Any:
+        again = f"-i{incarnation}" if incarnation else ""
+        return client.submit(
             _rank_main,
             fn,
             spec,
@@ -244,17 +274,28 @@ def run(
             tuple(args),
             kwargs,
             detail,
-            key=f"{_RANK_KEY}{group}-{rank}",
-            workers=[rank_workers[rank]],
+            incarnation,
+            key=f"{_RANK_KEY}{group}-{rank}{again}",
+            workers=[worker],
             allow_other_workers=False,
             pure=False,
         )
-        for rank in range(num_workers)
-    ]
+
+    def emit(op: str, **fields: Any) -> None:
+        if shared:
+            kvstore.events.emit(op, None, **fields)
+
+    def replacer(links: list[Any]) -> Replacer:
+        return Replacer(
+            spec, servers, links, submit, handle.workers, emit, max_restarts, replace_timeout
+        )
+
+    futures = [submit(rank, 0, rank_workers[rank]) for rank in range(num_workers)]
+    replace = replacer if on_rank_loss == "replace" else None
     ok = False
     try:
         with client.as_current():  # distributed.wait looks for "the current client"
-            out = _watch(handle, futures, rank_workers, spec, servers, reseeded)
+            out = _watch(handle, futures, rank_workers, spec, servers, reseeded, replace)
         ok = True
     except ClusterError:
         raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import distributed
@@ -20,6 +21,7 @@ from .._errors import TIMEOUTS, ClusterError, ServerLost
 from .._options import StoreSpec
 from .._transport.dask import ActorLink, actor_address, raise_if_scheduler_gone
 from .connect import ClusterHandle
+from .elastic import Replacer
 from .links import replicated_links
 from .reseed import heal
 
@@ -89,12 +91,19 @@ def _watch(
     spec: StoreSpec,
     servers: list[Any],
     reseeded: list[Any],
-) -> list[tuple[Any, int]]:
+    replacer: Callable[[list[Any]], Replacer] | None = None,
+) -> list[Any]:
+    """Wait for the ranks' results, in rank order (see module doc); with a
+    ``replacer`` (made from the watcher's replicated links), a lost rank is
+    replaced instead of failing the run. ``futures`` and ``rank_workers`` are
+    updated in place as ranks are replaced."""
     client = handle.client
     links = replicated_links(spec, handle, None) if spec.replicas > 1 else []
     for link in links:  # the watcher's own failovers replay nothing
         link.bind("labkv-run", spec.timeout)
+    replace = None if replacer is None else replacer(links)
     seen: set[str] = set(handle.workers())
+    results: dict[int, Any] = {}  # gathered as each rank finishes: its worker may go later
 
     def servers_lost(live: set[str]) -> list[int]:
         if not links:
@@ -109,8 +118,14 @@ def _watch(
 
     def lost_workers() -> str | None:
         live = set(handle.workers())
-        lost_ranks = [r for r, w in enumerate(rank_workers) if w not in live]
+        lost_ranks = [r for r, w in enumerate(rank_workers) if w not in live and r not in results]
         lost_servers = servers_lost(live)
+        if replace is not None and lost_ranks and not lost_servers:
+            for rank in lost_ranks:
+                busy = {w for r, w in enumerate(rank_workers) if r not in results and r != rank}
+                client.cancel([futures[rank]])  # pinned to a dead worker: never runs
+                futures[rank], rank_workers[rank] = replace.replace(rank, rank_workers[rank], busy)
+            return None
         if not (lost_ranks or lost_servers):
             return None
         gone = sorted(
@@ -128,9 +143,16 @@ def _watch(
             raise ClusterError(reason)
         raise cause
 
+    def guarded(step: Callable[[], str | None]) -> str | None:
+        try:
+            return step()
+        except ClusterError as exc:  # a replacement that cannot be made fails the run
+            fail(str(exc), None)
+            raise
+
     while True:
         try:
-            running = [f for f in futures if f.status == "pending"]
+            running = [f for r, f in enumerate(futures) if r not in results]
             distributed.wait(running, timeout=_POLL_S, return_when="FIRST_COMPLETED")
         except TIMEOUTS:
             pass
@@ -138,24 +160,37 @@ def _watch(
             raise_if_scheduler_gone(client)
             raise
         raise_if_scheduler_gone(client)
-        failed = [r for r, f in enumerate(futures) if f.status in ("error", "cancelled", "lost")]
+        for rank, future in enumerate(futures):
+            if rank not in results and future.status == "finished":
+                results[rank] = future.result()
+        if len(results) == len(futures):
+            return [results[r] for r in range(len(futures))]
+        failed = [
+            r
+            for r, f in enumerate(futures)
+            if r not in results and f.status in ("error", "cancelled", "lost")
+        ]
         if failed:
             rank = failed[0]
             future = futures[rank]
             exc = future.exception() if future.status == "error" else None
-            died = lost_workers()  # a dead worker explains a failed rank best
+            died = guarded(lost_workers)  # a dead worker explains a failed rank best
+            if died is None and futures[rank] is not future:
+                continue  # its worker was lost, and it was replaced
             deadline = time.monotonic() + 3.0
             while died is None and isinstance(exc, ServerLost) and time.monotonic() < deadline:
                 time.sleep(_POLL_S)  # the scheduler may not have removed the worker yet
-                died = lost_workers()
+                died = guarded(lost_workers)
+                if died is None and futures[rank] is not future:
+                    break
+            if futures[rank] is not future:
+                continue
             if died is not None:
                 try:
                     fail(died, None)
                 except ClusterError as error:
                     raise error from exc
             fail(f"rank {rank} (on {rank_workers[rank]}) failed ({future.status})", exc)
-        if all(f.status == "finished" for f in futures):
-            return [f.result() for f in futures]
-        died = lost_workers()
+        died = guarded(lost_workers)
         if died is not None:
             fail(died, None)

@@ -3,13 +3,10 @@
 :class:`Server` is the actor's object and nothing else: each remote method
 (called on a stream, :mod:`labkv.cluster._transport.stream`, or as an actor
 call) decodes, hands over to the part that holds the rule, and replies. The
-parts are built in ``__init__``: keys (:mod:`.keys`), orders (:mod:`.order`),
-rounds and clocks (:mod:`.rounds`, :mod:`.clocks`), the mode, what a push and
-a pull do (:mod:`.modes`), updates and votes (:mod:`.updates`), events
-(:mod:`.reports`), settings (:mod:`.control`), waits and barriers
-(:mod:`.waiting`), and the log: a :class:`~.replication.null.NullLog`, or a
-:class:`~.replication.log.ReplicaLog` in a group of replicas (with
-:mod:`.replication.seed`).
+parts, built in ``__init__``: keys, orders, rounds, clocks, the mode (what a
+push and a pull do, :mod:`.modes`), updates and votes, events, settings and
+fences (:mod:`.control`), waits and barriers (:mod:`.waiting`), step marks
+(:mod:`.replication.steps`), and the log (:mod:`.replication`).
 
 Every method is ``async def`` and runs on the worker's event loop: a wait
 (another rank's push, a barrier) is an ``await``, and the loop serves other
@@ -38,7 +35,7 @@ from .._protocol.messages import InitItem, KeyMeta, Pull, Push, States, decode_p
 from .._tasks import TaskGroup
 from .._transport.base import Host
 from .clocks import Clocks
-from .control import Settings
+from .control import Fences, Settings
 from .keys import KeyTable
 from .modes import AsyncMode, SspMode, Staging, SyncMode
 from .order import SenderOrder, UpdateQueues
@@ -46,7 +43,8 @@ from .replication.group import Group
 from .replication.log import ReplicaLog
 from .replication.notes import NoteEffects
 from .replication.null import NullLog
-from .replication.seed import Seeding, ServerSnapshot
+from .replication.seed import Seeding, ServerSnapshot, join
+from .replication.steps import StepMarks
 from .reports import Reports
 from .rounds import SyncRounds
 from .updates import KeptVotes, Peers, SliceVotes, Updates
@@ -91,19 +89,20 @@ class Server:
         self.log: NullLog | ReplicaLog = NullLog(self.shard, self.effects)
         ended = self.reports.round_ended if sync else (lambda key, r: None)
         state = (self.sid, self.shard, self.table, self.rounds, self.votes, self.kept)
-        self.updates = Updates(*state, self.queues, self.peers, self.log, self.waiting, ended)
+        self.marks = StepMarks()  # what a lost rank's replacement needs
+        calls = (self.queues, self.peers, self.log, self.waiting, ended, self.marks)
+        self.updates = Updates(*state, *calls)
         parts = (self.shard, self.table, self.rounds, self.reports, self.waiting, self.log)
         ordered = {"queues": self.queues, "kept": self.kept}
+        parts = (*parts, self.updates, self.marks)
         if sync:
-            self.mode = SyncMode(*parts, self.updates, staging=self.staging)
+            self.mode = SyncMode(*parts, staging=self.staging)
         elif staleness is None:
-            self.mode = AsyncMode(*parts, self.updates, **ordered)
+            self.mode = AsyncMode(*parts, **ordered)
         else:
-            self.mode = SspMode(*parts, self.updates, **ordered, clocks=self.clocks)
+            self.mode = SspMode(*parts, **ordered, clocks=self.clocks)
         self.seeding: Seeding | None = None  # with replicas (join_group)
-        # Sender prefixes of the runs aborted on this server (a rank's sender starts
-        # with its run's barrier group): their ranks' calls are refused for good.
-        self.barred: tuple[str, ...] = ()
+        self.fences = Fences(sid)  # the senders refused for good
         publish = functools.partial(host.log_event, topic)
         self.stream = EventStream(self.bus, publish, self._load, annotate=self.reports.annotate)
 
@@ -127,15 +126,7 @@ class Server:
         return self.reports.messages
 
     def _load(self) -> dict[str, Any]:
-        return {**self.reports.load(), **self.log.load()}
-
-    def _barred(self, rank: int | None) -> ClusterError:
-        """What the ranks of a stopped run (interrupted, or a rank failed) get."""
-        who = "a rank" if rank is None else f"rank {rank}"
-        return ClusterError(
-            f"server {self.sid} refuses {who} of a run that was stopped (interrupted, or a "
-            "rank failed): that run's ranks may not change the store any more"
-        )
+        return {**self.reports.load(), **self.log.load(), **self.marks.load()}
 
     # -- keys -------------------------------------------------------------------
     @answered
@@ -173,10 +164,10 @@ class Server:
         ``(acked, epoch, None)``)."""
         push = decode_push(msg)
         h = push.header
-        if self.barred and h.sender.startswith(self.barred):
-            raise self._barred(h.rank)
+        self.fences.check(h.sender, h.rank)
         self.reports.messages["push"] += 1
         await self.senders.arrived(h.sender, h.seq, f"rank {h.rank}")
+        self.fences.check(h.sender, h.rank)  # fenced while it waited
         try:
             await self.mode.push(push)
         finally:
@@ -192,13 +183,13 @@ class Server:
         :class:`~labkv.cluster._protocol.messages.Pull`'s keys, once what it reads
         is there (the mode says what that is), after the pushes it carries."""
         pull = decode_pull(msg)
-        if self.barred and pull.sender.startswith(self.barred):
-            raise self._barred(None)
+        self.fences.check(pull.sender, pull.rank)
         if pull.pushes:
             await self._apply_carried(pull.pushes)
         self.reports.messages["pull"] += 1
-        own = await self._await_readable(pull.sender, pull.seq, pull.keys)
-        return self.log.reply(pull.sender, self.mode.values(pull.keys, own), self.mode)
+        own = await self._await_readable(pull.sender, pull.seq, pull.keys, pull.rank, pull.step)
+        before = None if pull.step is None else self.mode.as_of(pull.keys, pull.rank, pull.step)
+        return self.log.reply(pull.sender, self.mode.values(pull.keys, own, before), self.mode)
 
     async def _apply_carried(self, pushes: list) -> None:
         """Apply each held push (:mod:`labkv.cluster._rank.holding`) as :meth:`push`
@@ -212,12 +203,14 @@ class Server:
         if error is not None:
             raise error
 
-    async def _await_readable(self, sender: str, seq: int, keys: list[Key]) -> Set[Key]:
+    async def _await_readable(
+        self, sender: str, seq: int, keys: list[Key], rank: int | None, step: int | None
+    ) -> Set[Key]:
         """Wait for the sender's first ``seq`` pushes and what the mode waits for;
         the keys read in the sender's own round. A failed update reaches each
         rank once (the backups cross it off too)."""
         await self.senders.arrived(sender, seq, "this worker")
-        own = await self.mode.readable(sender, keys)
+        own = await self.mode.readable(sender, keys, rank, step)
         for key in keys:
             failed = self.rounds[key].report_to(sender)
             if failed is not None:
@@ -247,16 +240,9 @@ class Server:
     ) -> None:
         """Replica ``me`` of ``members`` (primary first); ``seeded=False``: new, it
         waits for :meth:`seed` before any entry. Its log is a replica log now."""
-        state = (self.device, self.shard, self.rounds, self.senders, self.effects, self.kept)
-        calls = (self.waiting, self.host, self.tasks, self.reports)
-        log = ReplicaLog(Group(members, me), seeded, *state, *calls)
-        self.log = log
+        self.log, self.seeding = join(self, Group(members, me), seeded)
         for part in (self.updates, self.mode):
-            part.use(log)
-        state = (self.shard, self.table, self.rounds, self.senders, self.peers, self.kept)
-        self.seeding = Seeding(
-            self.sid, self.device, self.host, *state, self.queues, log, self.mode
-        )
+            part.use(self.log)
 
     @answered
     async def members(self) -> tuple[int, list[tuple[str, str]]]:
@@ -353,22 +339,35 @@ class Server:
         except ValueError as exc:
             raise ClusterError(f"server {self.sid}: {exc}") from None
         self.mode.configure(num_workers)
+        self.marks.clear()
         self.waiting.resume()
 
     @answered
-    async def barrier(self, group: str, rank: int, generation: int, parties: int) -> None:
+    async def barrier(self, group: str, rank: int, generation: Any, parties: int) -> None:
         """Return once ``parties`` ranks of run ``group`` entered its barrier ``generation``."""
-        if self.barred and f"{group}/".startswith(self.barred):
-            raise self._barred(rank)
+        self.fences.check(f"{group}/", rank)
         await self.barriers.enter(group, rank, generation, parties)
+
+    @answered
+    async def fence(self, prefix: str, rank: int, seconds: float) -> int | None:
+        """Rank ``rank`` was lost: refuse its old senders (``prefix``), let no wait
+        time out within ``seconds`` while it is replaced; its resume step."""
+        self.fences.bar(prefix, "that was replaced after it was taken for lost")
+        self.waiting.hold(seconds)
+        return self.marks.resume(rank)
+
+    @answered
+    async def resume_step(self, rank: int) -> int | None:
+        """The first step ``rank`` has not pushed every key of here (see .replication.steps)."""
+        return self.marks.resume(rank)
 
     @answered
     async def abort(self, reason: str, run: str | None = None) -> None:
         """Wake every waiter with ``ClusterError(reason)`` and drop open rounds;
         ``run``: the barrier group of the stopped run, whose ranks (some may still
         execute) are refused from now on."""
-        if run is not None and f"{run}/" not in self.barred:
-            self.barred = (*self.barred, f"{run}/")
+        if run is not None:
+            self.fences.bar(f"{run}/")
         self.rounds.drop_open()
         self.updates.abort()
         self.waiting.abort(reason)

@@ -155,3 +155,42 @@ class Settings:
         if self.shard.optimizer is None:
             raise ClusterError(f"server {self.sid} has no optimizer")
         return self.shard
+
+
+class Fences:
+    """The senders server ``sid`` refuses, by prefix: the ranks of a stopped run
+    (interrupted, or a rank failed; a rank's sender starts with its run's
+    barrier group), and a lost rank's old incarnation (``<group>/<rank>.<n>/``),
+    fenced when a replacement takes its place, so that a rank declared lost
+    that still runs (frozen, cut off) changes nothing any more.
+
+    >>> fences = Fences(0)
+    >>> fences.bar("run-a/1.0/"); fences.refuses("run-a/1.0/x"), fences.refuses("run-a/1.1/x")
+    (True, False)
+    """
+
+    __slots__ = ("sid", "barred", "why")
+
+    def __init__(self, sid: int) -> None:
+        self.sid = sid
+        self.barred: tuple[str, ...] = ()
+        self.why: dict[str, str] = {}
+
+    def bar(
+        self, prefix: str, why: str = "of a run that was stopped (interrupted, or a rank failed)"
+    ) -> None:
+        if prefix not in self.barred:
+            self.barred = (*self.barred, prefix)
+            self.why[prefix] = why
+
+    def refuses(self, sender: str) -> bool:
+        return bool(self.barred) and sender.startswith(self.barred)
+
+    def check(self, sender: str, rank: int | None) -> None:
+        """Raise what a refused sender (rank ``rank``) gets."""
+        if self.barred and sender.startswith(self.barred):
+            why = next(self.why[p] for p in self.barred if sender.startswith(p))
+            who = "a rank" if rank is None else f"rank {rank}"
+            raise ClusterError(
+                f"server {self.sid} refuses {who} {why}: it may not change the store any more"
+            )

@@ -19,6 +19,11 @@ bound of the puller's.
 Every push first goes through :meth:`Mode.intake`: its keys checked, its
 values read with this server's piece shapes, a resend the log has applied
 dropped, compressed codes decoded. Every pull's reply is :meth:`Mode.values`.
+
+Inside ``kv.steps`` a push and a pull carry the rank's step: a push of a
+(key, rank, step) already here is a replacement's replay, skipped (and
+audited), and a dist_sync pull reads the key as of its step's start (see
+:mod:`labkv.cluster._server.replication.steps`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from .._protocol.packing import PACK_BELOW
 from .clocks import Clocks, ClocksSnapshot
 from .keys import KeyTable
 from .order import UpdateQueues
+from .replication.steps import StepMarks
 from .reports import Reports
 from .rounds import Failure, SyncRounds
 from .updates import KeptVotes, Updates
@@ -85,9 +91,10 @@ class Mode:
         waiting: Waiters,
         log: NullLog | ReplicaLog,
         updates: Updates,
+        marks: StepMarks,
     ) -> None:
         self.shard, self.table, self.rounds, self.reports = shard, table, rounds, reports
-        self.waiting, self.log, self.updates = waiting, log, updates
+        self.waiting, self.log, self.updates, self.marks = waiting, log, updates, marks
 
     def use(self, log: NullLog | ReplicaLog) -> None:
         """Issue to ``log`` from now on (the server joined a group of replicas)."""
@@ -127,10 +134,16 @@ class Mode:
     async def push(self, push: Push) -> None:
         raise NotImplementedError
 
-    def values(self, keys: list[Key], own: Set[Key]) -> tuple | bytes:
+    def values(
+        self, keys: list[Key], own: Set[Key], before: dict[Key, Any] | None = None
+    ) -> tuple | bytes:
         """The encoded :class:`~labkv.cluster._protocol.messages.Values` a pull of
-        ``keys`` returns (``own``: those read in the sender's own round)."""
+        ``keys`` returns (``own``: those read in the sender's own round;
+        ``before``: keys read one round back, see :meth:`as_of`)."""
         values = [self.shard.read(key) for key in keys]
+        if before:
+            values = [before.get(k, v) for k, v in zip(keys, values, strict=True)]
+            own = own - before.keys()
         self.reports.bytes_out += sum(v.nbytes for v in values)
         # Small values are packed: one copy to the host for all of them.
         reply = pack_values(values, small=packed_on_host)
@@ -141,10 +154,17 @@ class Mode:
             reply.bigs[n] = host_view(value)
         return encode(reply)
 
-    async def readable(self, sender: str, keys: list[Key]) -> Set[Key]:
-        """Wait until ``sender`` may read ``keys``; those it reads in its own
-        round (their big values go without a copy)."""
+    async def readable(
+        self, sender: str, keys: list[Key], rank: int | None = None, step: int | None = None
+    ) -> Set[Key]:
+        """Wait until ``sender`` (rank ``rank`` in ``step``, inside a step loop)
+        may read ``keys``; those it reads in its own round (their big values go
+        without a copy)."""
         return _NONE
+
+    def as_of(self, keys: list[Key], rank: int, step: int) -> dict[Key, Any]:
+        """The keys ``rank``'s pull in ``step`` reads one round back (a replay)."""
+        return {}
 
     def outside_open_rounds(self, sender: str, seq: int, items: list) -> list:
         """``items`` of ``sender``'s ``seq``-th push but those waiting in an open round."""
@@ -184,8 +204,11 @@ class SyncMode(Mode):
         sender, rank, seq = h.sender, h.rank, h.seq
         items = self.intake(push)
         borrowed = h.borrowed and bool(h.big)
-        rounds, complete = self.rounds, []
+        rounds, complete, step = self.rounds, [], h.step
         for key, value in items:
+            if step is not None and self.marks.replayed(key, rank, step):
+                self.marks.replayed_round(rounds, key, rank, step, sender, value)
+                continue
             if rounds.ahead(key, rank):  # this rank is a round ahead: wait for the others
                 await self.waiting.until(
                     lambda k=key: not rounds.ahead(k, rank), lambda k=key: self.updates.missing(k)
@@ -194,6 +217,8 @@ class SyncMode(Mode):
             # returns: only one that waits for other ranks needs a copy of its own.
             if borrowed and value.nbytes >= PACK_BELOW and not rounds.completes(key):
                 value = self.staging.copy(key, rank, value)
+            if step is not None:
+                self.marks.mark(key, rank, step, rounds[key].done)
             completed = rounds.join(key, rank, sender, seq, value, time.monotonic())
             if self.reports.active:
                 self.reports.receipt(key, value, rank)
@@ -203,10 +228,22 @@ class SyncMode(Mode):
         if complete:
             self.updates.complete(complete, sender)
 
-    async def readable(self, sender: str, keys: list[Key]) -> Set[Key]:
-        """The round of ``sender``'s last push of each key has completed."""
-        rounds, own = self.rounds, set()
+    async def readable(
+        self, sender: str, keys: list[Key], rank: int | None = None, step: int | None = None
+    ) -> Set[Key]:
+        """The round of ``sender``'s last push of each key has completed; inside
+        a step loop, the round of rank ``rank``'s last push before ``step``."""
+        rounds, own, marks = self.rounds, set(), self.marks
         for key in keys:
+            number = None if step is None else marks.joined(key, rank)
+            if number is not None:
+                if not marks.replayed(key, rank, step) and rounds[key].done <= number:
+                    await self.waiting.until(
+                        lambda k=key, n=number: rounds[k].done > n,
+                        lambda k=key: self.updates.missing(k),
+                    )
+                own.add(key)
+                continue
             if not rounds.pushed(sender, key):
                 continue
             if not rounds.pull_ready(sender, key):
@@ -216,6 +253,9 @@ class SyncMode(Mode):
                 )
             own.add(key)
         return own
+
+    def as_of(self, keys: list[Key], rank: int, step: int) -> dict[Key, Any]:
+        return self.marks.before_step(self.rounds, keys, rank, step)
 
     def outside_open_rounds(self, sender: str, seq: int, items: list) -> list:
         rounds = self.rounds
@@ -242,11 +282,16 @@ class AsyncMode(Mode):
     async def push(self, push: Push) -> None:
         await self._push(push, None)
 
-    async def _push(self, push: Push, note: Clock | None) -> None:
-        """Apply a push (``note``: what its log entry says of it)."""
+    async def _push(self, push: Push, note: Clock | None, fresh: list | None = None) -> None:
+        """Apply a push (``note``: what its log entry says of it); ``fresh``
+        gets the keys it pushes that are not replays."""
         h = push.header
         sender, rank, seq = h.sender, h.rank, h.seq
         items = self.intake(push)
+        if h.step is not None:
+            items = self.marks.fresh(items, rank, h.step)
+        if fresh is not None:
+            fresh.extend(k for k, _ in items)
         if self.reports.active:
             for key, value in items:
                 self.reports.receipt(key, value, rank)
@@ -257,13 +302,19 @@ class AsyncMode(Mode):
             for key, value in queued:
                 self.updates.queue(sender, seq, key, value)
         try:
-            self.log.issue_push(sender, seq, items, note)
+            self.log.issue_push(sender, seq, items, note, self._marks_of(h, items))
         except Exception as exc:
             keys = [k for k, _ in items]
             failure = self.updates.failure(exc, keys, {sender: dict.fromkeys(keys, seq)})
             raise failure.report_to(sender) from None
         finally:
             await self.updates.decided(sender, [k for k, _ in queued])
+
+    @staticmethod
+    def _marks_of(h: Any, items: list[tuple[Key, Any]]) -> list[tuple] | None:
+        if h.step is None:
+            return None
+        return [(k, h.rank, h.step, -1) for k, _ in items]
 
     def entry_applied(
         self, updates: list[tuple[Key, Any]], pushes: list[tuple], failure: Failure | None
@@ -306,17 +357,21 @@ class SspMode(AsyncMode):
     async def push(self, push: Push) -> None:
         h = push.header
         note = Clock(h.rank)
+        fresh: list[Key] = []  # a replay's keys tick no clock
         try:
-            await self._push(push, note)
+            await self._push(push, note, fresh)
         finally:
-            self.log.after_push(note, h.sender, h.seq, h.keys)
+            self.log.after_push(note, h.sender, h.seq, fresh if h.step is not None else h.keys)
 
-    async def readable(self, sender: str, keys: list[Key]) -> Set[Key]:
+    async def readable(
+        self, sender: str, keys: list[Key], rank: int | None = None, step: int | None = None
+    ) -> Set[Key]:
         """Every rank is within the staleness bound of ``sender``'s clock of
-        each key (a sender that never pushed here does not wait); with events
-        on, each key's clocks and how long the pull waited are reported."""
+        each key (a sender that never pushed here does not wait; a rank's
+        replacement waits as the rank); with events on, each key's clocks and
+        how long the pull waited are reported."""
         clocks = self.clocks
-        rank = clocks.ranks.get(sender)
+        rank = clocks.ranks.get(sender) if rank is None else rank
         if rank is None:
             return _NONE
         watched = self.reports.active

@@ -35,6 +35,7 @@ from .._protocol.messages import Peer
 from .._tasks import TaskGroup
 from .._transport.base import Host
 from .order import UpdateQueues
+from .replication.steps import StepMarks, copied
 from .rounds import Failure, Round, SyncRounds, failure_note, pushed_by
 from .waiting import Waiters
 
@@ -177,10 +178,12 @@ class Updates:
         log: NullLog | ReplicaLog,
         waiting: Waiters,
         round_ended: Callable[[Key, Round], None],
+        marks: StepMarks,
     ) -> None:
         self.sid, self.shard, self.table, self.rounds = sid, shard, table, rounds
         self.votes, self.kept, self.queues, self.peers = votes, kept, queues, peers
         self.log, self.waiting, self.round_ended = log, waiting, round_ended
+        self.marks = marks
 
     def use(self, log: NullLog | ReplicaLog) -> None:
         """Issue to ``log`` from now on (the server joined a group of replicas)."""
@@ -203,6 +206,11 @@ class Updates:
         gets the error now and the other ranks at their next pull of the keys."""
         deferred = [k for k in keys if k in self.table.sliced and self.shard.updater is not None]
         rounds = {k: self.rounds[k] for k in keys}
+        if self.marks:  # a step loop's rounds keep the value they replace (see .replication.steps)
+            for key in keys:
+                if self.marks.marked(key):
+                    value = copied(self.shard.read(key))
+                    self.marks.keep_before(key, rounds[key].done, value)
         batch = [(k, [rounds[k].pending[q] for q in sorted(rounds[k].pending)]) for k in keys]
         prepared, failure = None, None
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .._errors import ClusterError
 
@@ -25,11 +26,12 @@ class Waiters:
     """The waiting coroutines of server ``name`` (e.g. ``'server 1'``); each
     wait gives up after ``timeout`` seconds naming what is missing."""
 
-    __slots__ = ("name", "timeout", "aborted", "_waiting")
+    __slots__ = ("name", "timeout", "aborted", "held_until", "_waiting")
 
     def __init__(self, name: str, timeout: float) -> None:
         self.name, self.timeout = name, timeout
         self.aborted: str | None = None  # why every wait fails now (an aborted run)
+        self.held_until = 0.0  # no wait times out before (a rank is being replaced)
         self._waiting: dict[asyncio.Future, Callable[[], bool]] = {}
 
     async def until(self, ready: Callable[[], bool], missing: Callable[[], str]) -> None:
@@ -41,7 +43,7 @@ class Waiters:
         while not ready():
             if self.aborted is not None:
                 raise ClusterError(f"{self.name}: {self.aborted}")
-            left = deadline - time.monotonic()
+            left = max(deadline, self.held_until) - time.monotonic()
             if left <= 0:
                 raise ClusterError(f"{self.name} timed out after {self.timeout:g} s: {missing()}")
             future = loop.create_future()
@@ -68,6 +70,11 @@ class Waiters:
         self.aborted = reason
         self.wake()
 
+    def hold(self, seconds: float) -> None:
+        """No wait times out within ``seconds`` from now (a lost rank is being
+        replaced: the rounds it holds up must wait for its replacement)."""
+        self.held_until = max(self.held_until, time.monotonic() + seconds)
+
     def resume(self) -> None:
         """Waits may succeed again (a new run on the same servers)."""
         self.aborted = None
@@ -86,22 +93,34 @@ class Barriers:
 
     def __init__(self, waiting: Waiters) -> None:
         self.waiting = waiting
-        self.passed: dict[str, int] = {}  # group -> how many generations passed
-        self.arrived: dict[tuple[str, int], set[int]] = {}
+        self.passed: dict[str, Any] = {}  # group -> the last generation passed
+        self.arrived: dict[tuple[str, Any], set[int]] = {}
 
-    async def enter(self, group: str, rank: int, generation: int, parties: int) -> None:
-        """Return once every rank of ``range(parties)`` entered ``generation``;
-        on timeout raise naming the ranks that did not."""
+    def snapshot(self) -> tuple[dict, dict]:
+        """What a new replica of server 0 takes: the generations passed and the
+        arrivals at open ones (a replacement's barrier reaches it too)."""
+        return dict(self.passed), {k: set(v) for k, v in self.arrived.items()}
+
+    def restore(self, snap: tuple[dict, dict]) -> None:
+        self.passed, self.arrived = dict(snap[0]), {k: set(v) for k, v in snap[1].items()}
+        self.waiting.wake()
+
+    async def enter(self, group: str, rank: int, generation: Any, parties: int) -> None:
+        """Return once every rank of ``range(parties)`` entered ``generation``
+        (an int, or a rank's ``(phase, n)``, see :mod:`labkv.cluster._rank.steps`:
+        generations of one group are ordered); on timeout raise naming the
+        ranks that did not."""
 
         def passed() -> bool:
-            return generation < self.passed.get(group, 0)
+            last = self.passed.get(group)
+            return last is not None and generation <= last
 
         if passed():
             return
         arrived = self.arrived.setdefault((group, generation), set())
         arrived.add(rank)
         if len(arrived) >= parties:
-            self.passed[group] = generation + 1
+            self.passed[group] = generation
             del self.arrived[(group, generation)]
             self.waiting.wake()
             return
@@ -109,8 +128,25 @@ class Barriers:
         def missing() -> str:
             absent = sorted(set(range(parties)) - arrived)
             return (
-                f"barrier {group!r} generation {generation} (of {parties} ranks): "
+                f"barrier {group!r} {generation_name(generation)} (of {parties} ranks): "
                 f"ranks {absent} have not arrived"
             )
 
         await self.waiting.until(passed, missing)
+
+
+def generation_name(generation: Any) -> str:
+    """A barrier's generation as an error names it (a rank's ``(phase, n)``:
+    see :mod:`labkv.cluster._rank.steps`).
+
+    >>> generation_name(3), generation_name((1, 0)), generation_name((6, 1)), generation_name((9, 0))
+    ('generation 3', 'generation 0 before any step', 'generation 1 of step 2', 'generation 0 after step 3')
+    """
+    if not isinstance(generation, tuple):
+        return f"generation {generation}"
+    phase, n = generation
+    if phase == 1:
+        return f"generation {n} before any step"
+    if phase % 2 == 0:
+        return f"generation {n} of step {phase // 2 - 1}"
+    return f"generation {n} after step {(phase - 1) // 2 - 1}"

@@ -48,6 +48,7 @@ from ..updates import KeptVotes
 from ..waiting import Waiters
 from .group import Group
 from .notes import NoteEffects
+from .steps import StepMarks, copied
 
 if TYPE_CHECKING:
     from ..modes import Mode
@@ -86,8 +87,9 @@ class ReplicaLog:
         host: Host,
         tasks: TaskGroup,
         reports: Reports,
+        marks: StepMarks,
     ) -> None:
-        self.group, self.seeded = group, seeded
+        self.group, self.seeded, self.marks = group, seeded, marks
         self.device, self.shard, self.rounds = device, shard, rounds
         self.senders, self.effects, self.kept = senders, effects, kept
         self.waiting, self.host, self.tasks, self.reports = waiting, host, tasks, reports
@@ -118,20 +120,23 @@ class ReplicaLog:
         items = [(k, v) for k, v in items if applied.get((sender, k), -1) < seq]
         return mode.outside_open_rounds(sender, seq, items)
 
-    def issue_push(self, sender: str, seq: int, items: list, note: Clock | None) -> None:
+    def issue_push(
+        self, sender: str, seq: int, items: list, note: Clock | None, marks: list | None = None
+    ) -> None:
         """A dist_async or dist_ssp push: applied here and forwarded (its values
         as they arrived: a backup's ``apply`` of them makes the same bits, and
-        nothing changes them before the entry is sent), failed or not."""
+        nothing changes them before the entry is sent), failed or not;
+        ``marks``: its step marks (see :mod:`.steps`)."""
         if not items:
             return  # a resend of what is applied here
         pushes = [(sender, k, seq) for k, _ in items]
         try:
             self.shard.apply([(k, [v]) for k, v in items])
         except Exception:
-            self.issue([(k, None) for k, _ in items], pushes, note=note)
+            self.issue([(k, None) for k, _ in items], pushes, note=note, marks=marks)
             raise
         else:
-            self.issue(items, pushes, note=note)
+            self.issue(items, pushes, note=note, marks=marks)
         finally:
             self.effects.apply(note, [], pushes)
 
@@ -154,16 +159,29 @@ class ReplicaLog:
         default, the dist_sync rounds' pushes)."""
         if pushes is None:
             pushes = [(s, k, q) for k in keys for s, q in self.rounds[k].senders.items()]
+        marks = self._round_marks(keys) if self.marks else None
         if failure is not None:
             owed = {s: seqs for s, seqs in failure.untold.items() if s != told}
-            self.issue([(k, None) for k in keys], pushes, note=Failed(failure.error, owed))
+            note = Failed(failure.error, owed)
+            self.issue([(k, None) for k in keys], pushes, note=note, marks=marks)
             for key in keys:
                 finish(key, failure)
             return
         # The merged values travel by reference: the next round of these keys
         # cannot complete (and change them) before this entry is acknowledged.
         updates = [(k, self.shard.merged(k)) for k in keys]
-        self.issue(updates, pushes, lambda: [finish(k, None) for k in keys])
+        self.issue(updates, pushes, lambda: [finish(k, None) for k in keys], marks=marks)
+
+    def _round_marks(self, keys: list[Key]) -> list[tuple]:
+        """The step marks of the pushes in the open rounds of ``keys``."""
+        last, found = self.marks.last, []
+        for key in keys:
+            number = self.rounds[key].done
+            for rank in self.rounds[key].pending:
+                seen = last.get((key, rank))
+                if seen is not None and seen[1] == number:
+                    found.append((key, rank, *seen))
+        return found
 
     def vote(self, vote: Vote, send: Callable[[], None]) -> None:
         """Keep this server's ``vote`` and ``send`` it once every backup has it."""
@@ -208,6 +226,7 @@ class ReplicaLog:
         pushes: list[tuple],
         then: Callable[[], Any] | None = None,
         note: Note | None = None,
+        marks: list | None = None,
     ) -> int:
         """Forward ``updates`` (applied here) to the backups; ``then()`` runs once
         every live backup has applied them (and those before)."""
@@ -219,7 +238,8 @@ class ReplicaLog:
         if not backups:
             self._entry_acked(index)
         else:
-            entry = encode_entry(index, [(k, _host(v)) for k, v in updates], pushes, note)
+            updates = [(k, _host(v)) for k, v in updates]
+            entry = encode_entry(index, updates, pushes, note, marks)
             self.tasks.spawn(self._forward(backups, entry))
         return index
 
@@ -307,10 +327,22 @@ class ReplicaLog:
         applied = [
             (k, [to_device(v, self.device, copy=False)]) for k, v in entry.updates if v is not None
         ]
+        if entry.marks:
+            self._take_marks(entry)
         if applied:
             self.shard.apply(applied, owned=True)
         self._note_pushes(entry.pushes)
         return self.effects.apply(entry.note, entry.updates, entry.pushes)
+
+    def _take_marks(self, entry: Entry) -> None:
+        """The entry's step marks; a dist_sync round's (numbered) keeps its key's
+        value before the round, as the primary did."""
+        kept = set()
+        for key, rank, step, number in entry.marks:
+            if number >= 0 and key not in kept:
+                kept.add(key)
+                self.marks.keep_before(key, number, copied(self.shard.read(key)))
+            self.marks.mark(key, rank, step, number)
 
     def applied(self, index: int) -> None:
         """The ``index``-th entry is applied here: the next may come."""

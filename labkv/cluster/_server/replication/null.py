@@ -34,7 +34,9 @@ class NullLog:
     def fresh(self, sender: str, seq: int, items: list, mode: Mode) -> list:
         return items  # no resends without a failover
 
-    def issue_push(self, sender: str, seq: int, items: list, note: Clock | None) -> None:
+    def issue_push(
+        self, sender: str, seq: int, items: list, note: Clock | None, marks: list | None = None
+    ) -> None:
         self.shard.apply([(k, [v]) for k, v in items])
 
     def after_push(self, note: Clock, sender: str, seq: int, keys: list[Key]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
+from typing import Any
 
 import cloudpickle
 import numpy as np
@@ -31,7 +32,10 @@ from ..modes import Mode
 from ..order import SenderOrder, UpdateQueues
 from ..rounds import RoundsSnapshot, SyncRounds
 from ..updates import KeptVotes, Peers
+from ..waiting import Barriers
+from .group import Group
 from .log import LogSnapshot, ReplicaLog
+from .steps import StepMarks, StepsSnapshot
 
 
 @dataclass
@@ -82,6 +86,8 @@ class ServerSnapshot:
     votes: bytes
     queues: dict[Key, dict[str, int]]
     mode: ClocksSnapshot | None
+    steps: StepsSnapshot
+    barriers: tuple[dict, dict]
 
 
 class Seeding:
@@ -102,8 +108,11 @@ class Seeding:
         queues: UpdateQueues,
         log: ReplicaLog,
         mode: Mode,
+        marks: StepMarks,
+        barriers: Barriers,
     ) -> None:
-        self.sid, self.device, self.host = sid, device, host
+        self.sid, self.device, self.host, self.marks = sid, device, host, marks
+        self.barriers = barriers
         self.shard, self.table, self.rounds, self.senders = shard, table, rounds, senders
         self.peers, self.kept, self.queues, self.log, self.mode = peers, kept, queues, log, mode
 
@@ -118,6 +127,8 @@ class Seeding:
             votes=self.kept.snapshot(),
             queues=self.queues.snapshot(),
             mode=self.mode.snapshot(),
+            steps=self.marks.snapshot(),
+            barriers=self.barriers.snapshot(),
         )
 
     def restore(self, snap: ServerSnapshot) -> None:
@@ -130,6 +141,8 @@ class Seeding:
         self.kept.restore(snap.votes)
         self.queues.restore(snap.queues)
         self.mode.restore(snap.mode)
+        self.marks.restore(snap.steps, self.device)
+        self.barriers.restore(snap.barriers)
 
     async def seed(self, peer: tuple[str, str]) -> None:
         """Send this replica's whole state to ``peer``: every update issued
@@ -140,3 +153,14 @@ class Seeding:
             await self.host.call_peer(peer, "seed", [self.snapshot()])
         except Exception:
             self.log.group.drop([peer])
+
+
+def join(server: Any, group: Group, seeded: bool) -> tuple[ReplicaLog, Seeding]:
+    """The replica log and the seeding of ``server`` (a ``Server``) once it is
+    a member of ``group`` (``seeded=False``: new, it takes no entry before its seed)."""
+    s = server
+    state = (s.device, s.shard, s.rounds, s.senders, s.effects, s.kept)
+    log = ReplicaLog(group, seeded, *state, s.waiting, s.host, s.tasks, s.reports, s.marks)
+    state = (s.shard, s.table, s.rounds, s.senders, s.peers, s.kept)
+    parts = (s.queues, log, s.mode, s.marks, s.barriers)
+    return log, Seeding(s.sid, s.device, s.host, *state, *parts)

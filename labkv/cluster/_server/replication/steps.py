@@ -1,0 +1,195 @@
+"""What a server keeps so that a lost rank can be replaced mid-run: which step
+each rank last pushed each key in (:class:`StepMarks`), and each key's value
+one dist_sync round back.
+
+A rank's pushes and pulls inside ``kv.steps(n)`` carry the step's index. A
+replacement resumes at the first step some key lacks its push of
+(:meth:`StepMarks.resume`) and replays it:
+
+- a push of ``(key, rank, step)`` already here is a *replay*: skipped, and,
+  while the first one still waits in an open round, compared with it bit for
+  bit (:meth:`StepMarks.audit`: a mismatch means the rank's computation is not
+  deterministic, and is counted);
+- a dist_sync pull of step ``s`` reads the key as of the start of step ``s``:
+  the value one round back when the rank's step-``s`` push already completed
+  its round (:meth:`StepMarks.as_of`). No rank can be further ahead: a round
+  needs every rank's push.
+
+Every replica keeps the same marks and values one round back: the log entries
+carry the marks (:attr:`~labkv.cluster._protocol.entries.Entry.marks`), and a
+backup keeps the value before it applies a round. Calls without a step
+(outside ``kv.steps``, the notebook's) leave no mark and cost nothing here.
+
+>>> marks = StepMarks()
+>>> marks.mark("w", rank=1, step=0, number=0)
+>>> marks.replayed("w", rank=1, step=0), marks.replayed("w", rank=1, step=1)
+(True, False)
+>>> marks.resume(rank=1), marks.resume(rank=0)  # rank 0 never pushed w
+(1, 0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...._types import Key
+from ....devices import copy_into, empty_like, to_device
+from ..._device import host_copy, host_view
+from ..rounds import SyncRounds
+
+
+@dataclass
+class StepsSnapshot:
+    """:class:`StepMarks` as a new replica takes it (values as host copies)."""
+
+    last: dict[tuple[Key, int], tuple[int, int]]
+    before: dict[Key, tuple[int, Any]]
+    replays: int
+    mismatches: list[tuple[Key, int, int]]
+
+
+class StepMarks:
+    """The step marks and values one round back of one server (see module doc)."""
+
+    __slots__ = ("last", "keys", "before", "replays", "mismatches")
+
+    def __init__(self) -> None:
+        # (key, rank) -> (step, number): the rank's last push of the key was in
+        # that step, and joined the key's round (or dist_async update) number.
+        self.last: dict[tuple[Key, int], tuple[int, int]] = {}
+        self.keys: set[Key] = set()  # the keys of ``last``
+        # key -> (round, value before that round was applied): the last round only.
+        self.before: dict[Key, tuple[int, Any]] = {}
+        self.replays = 0
+        self.mismatches: list[tuple[Key, int, int]] = []  # (key, rank, step)
+
+    def __bool__(self) -> bool:
+        return bool(self.last)
+
+    def mark(self, key: Key, rank: int, step: int, number: int) -> None:
+        """``rank``'s push of ``key`` in ``step`` joined round (update) ``number``."""
+        self.last[(key, rank)] = (step, number)
+        self.keys.add(key)
+
+    def replayed(self, key: Key, rank: int, step: int) -> bool:
+        """Whether ``rank``'s push of ``key`` in ``step`` is here already."""
+        seen = self.last.get((key, rank))
+        return seen is not None and seen[0] >= step
+
+    def joined(self, key: Key, rank: int) -> int | None:
+        """The round ``rank``'s last marked push of ``key`` joined."""
+        seen = self.last.get((key, rank))
+        return None if seen is None else seen[1]
+
+    def audit(self, key: Key, rank: int, step: int, first: Any, again: Any) -> bool:
+        """A replayed push met its first, still waiting in an open round: whether
+        they are the same bits (a mismatch is kept, the first one is used)."""
+        self.replays += 1
+        same = first.shape == again.shape and first.dtype == again.dtype
+        same = same and bool(np.array_equal(host_view(first), host_view(again)))
+        if not same:
+            self.mismatches.append((key, rank, step))
+        return same
+
+    def skipped(self) -> None:
+        """A replayed push whose first was applied already."""
+        self.replays += 1
+
+    def fresh(self, items: list[tuple[Key, Any]], rank: int, step: int) -> list[tuple[Key, Any]]:
+        """A dist_async push's ``items`` but the replayed ones, marked as pushed
+        in ``step`` (update number -1: no value is kept one round back)."""
+        kept = []
+        for key, value in items:
+            if self.replayed(key, rank, step):
+                self.skipped()
+            else:
+                self.mark(key, rank, step, -1)
+                kept.append((key, value))
+        return kept
+
+    def replayed_round(
+        self, rounds: SyncRounds, key: Key, rank: int, step: int, sender: str, value: Any
+    ) -> None:
+        """A dist_sync replay of ``rank``'s push of ``key`` in ``step``: compared
+        with the first while that waits in the open round, else skipped;
+        ``sender`` (the replacement) then reads the round it joined."""
+        number = self.joined(key, rank)
+        r = rounds[key]
+        if r.done == number and rank in r.pending:
+            self.audit(key, rank, step, r.pending[rank], value)
+        else:
+            self.skipped()
+        rounds.joined[(sender, key)] = number
+
+    def before_step(
+        self, rounds: SyncRounds, keys: list[Key], rank: int, step: int
+    ) -> dict[Key, Any]:
+        """The keys ``rank``'s dist_sync pull in ``step`` reads one round back
+        (see :meth:`as_of`), with those values."""
+        before = {}
+        for key in keys:
+            value = self.as_of(key, rank, step, rounds[key].done)
+            if value is not None:
+                before[key] = value
+        return before
+
+    def marked(self, key: Key) -> bool:
+        """Whether some rank pushed ``key`` inside a step loop (its rounds then
+        keep the value one round back)."""
+        return key in self.keys
+
+    def keep_before(self, key: Key, number: int, value: Any) -> None:
+        """``value`` (a copy) is ``key`` before round ``number`` is applied."""
+        self.before[key] = (number, value)
+
+    def as_of(self, key: Key, rank: int, step: int, done: int) -> Any | None:
+        """What ``rank``'s pull of ``key`` in ``step`` reads instead of the
+        stored value: the value one round back when its push of this step
+        already completed the round (``done`` rounds completed); else None."""
+        seen = self.last.get((key, rank))
+        if seen is None or seen[0] < step or done <= seen[1]:
+            return None
+        number, value = self.before.get(key, (None, None))
+        if number != seen[1]:
+            raise RuntimeError(
+                f"rank {rank} replays step {step} of key {key!r}, whose round {seen[1]} "
+                f"is no longer the last one kept (round {number} is)"
+            )
+        return value
+
+    def resume(self, rank: int) -> int | None:
+        """The first step ``rank`` has not pushed every marked key of (None: no
+        key here was pushed in a step loop)."""
+        if not self.keys:
+            return None
+        return min(self.last.get((k, rank), (-1, 0))[0] for k in self.keys) + 1
+
+    def clear(self) -> None:
+        """Forget every mark (a new run on these servers numbers its steps anew)."""
+        self.last, self.keys, self.before = {}, set(), {}
+
+    def load(self) -> dict[str, Any]:
+        return {"replayed": self.replays, "replay_mismatches": len(self.mismatches)}
+
+    def snapshot(self) -> StepsSnapshot:
+        before = {k: (n, host_copy(v)) for k, (n, v) in self.before.items()}
+        return StepsSnapshot(dict(self.last), before, self.replays, list(self.mismatches))
+
+    def restore(self, snap: StepsSnapshot, device: Any) -> None:
+        self.last = dict(snap.last)
+        self.keys = {k for k, _ in self.last}
+        self.before = {
+            k: (n, to_device(np.asarray(v), device)) for k, (n, v) in snap.before.items()
+        }
+        self.replays, self.mismatches = snap.replays, list(snap.mismatches)
+
+
+def copied(value: Any) -> Any:
+    """A copy of a stored value on its own device (``value.copy()`` of a CuPy
+    array lands on the current device, not on the array's)."""
+    out = empty_like(value)
+    copy_into(out, value)
+    return out
