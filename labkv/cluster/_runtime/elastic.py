@@ -8,8 +8,8 @@ hands the rank to :class:`Replacer`, which
    the servers' waits (the rounds it holds up wait for its replacement rather
    than time out); the servers answer where the rank resumes;
 2. refuses to go on when the rank was lost more than ``max_restarts`` times,
-   or twice at the same step (a step that kills its worker would kill the
-   next one too: that is a crash, not a lost worker);
+   or when a replacement of it was lost twice at the step it resumed at (a
+   step that kills its worker every time is a crash, not a lost worker);
 3. starts the rank's next incarnation on a worker that runs no rank (a spare,
    or the lost worker once its nanny has restarted it, which joins under a new
    address), waiting at most ``replace_timeout`` seconds for one.
@@ -74,7 +74,7 @@ class Replacer:
         self.submit, self.workers, self.emit = submit, workers, emit
         self.max_restarts, self.replace_timeout = max_restarts, replace_timeout
         self.incarnations: dict[int, int] = {}
-        self.lost_at: dict[int, int] = {}  # rank -> the step it was last lost at
+        self.lost_at: dict[tuple[int, int], int] = {}  # (rank, step) -> losses there
         self.history: list[dict[str, Any]] = []  # one record per replacement
 
     def replace(self, rank: int, lost_worker: str, busy: set[str]) -> tuple[Any, str]:
@@ -90,14 +90,14 @@ class Replacer:
                 f"rank {rank} was lost {incarnation + 1} times (on_rank_loss='replace', "
                 f"max_restarts={self.max_restarts}); last on Dask worker {lost_worker}"
             )
-        if resume is not None and self.lost_at.get(rank) == resume:
+        losses = self.lost_at.get((rank, resume), 0) + 1
+        self.lost_at[(rank, resume)] = losses
+        if losses > 2:  # the rank, then twice its replacement, at the same step
             raise ClusterError(
-                f"rank {rank} was lost twice at step {resume} (last on Dask worker "
-                f"{lost_worker}): a step that kills its worker every time is a crash, not a "
-                "lost worker, so it is not replaced again"
+                f"rank {rank} was lost {losses} times at step {resume} (its replacement "
+                f"twice; last on Dask worker {lost_worker}): a step that kills its worker "
+                "every time is a crash, not a lost worker, so it is not replaced again"
             )
-        if resume is not None:
-            self.lost_at[rank] = resume
         worker = self._place(rank, lost_worker, busy)
         self.incarnations[rank] = incarnation + 1
         future = self.submit(rank, incarnation + 1, worker, self._current_spec())
@@ -118,14 +118,15 @@ class Replacer:
         Dask's connect retries)."""
         if not self.links:
             return self.spec
-        members = [[tuple(m) for m in link.members] for link in self.links]
+        live = set(self.workers())  # a primary may list a dead backup until it forwards again
+        members = [[tuple(m) for m in link.members if m.address in live] for link in self.links]
         return dataclasses.replace(self.spec, replica_members=members)
 
     def _fence(self, rank: int, incarnation: int) -> int | None:
         """Fence incarnation ``incarnation`` of ``rank`` on every server replica;
         the step it resumes at (None: it pushed nothing in a step loop)."""
         prefix = f"{self.spec.group}/{rank}.{incarnation}/"
-        hold = self.replace_timeout + self.spec.timeout
+        hold = self.replace_timeout
         if self.links:
             calls = [link.call("fence", prefix, rank, hold) for link in self.links]
         else:

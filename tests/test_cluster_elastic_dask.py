@@ -1,0 +1,189 @@
+"""A rank's worker SIGKILLed mid-run on a real LocalCluster, and
+``run(..., on_rank_loss="replace")`` carries on: the replacement resumes at the
+step its rank was lost in, and the run ends bit-identical to an undisturbed one
+(values, optimizer states, update counts). Kills come from inside the rank (at
+a chosen step and point, what it held back sent or not) and from this process
+(at a random moment: inside a pull, a push or the barrier); with a spare
+worker, and without (the replacement waits for the nanny's restart)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.cluster import ClusterError, connect, run
+
+pytestmark = pytest.mark.slow  # real LocalClusters whose workers are killed
+
+KEYS = ["w", "b", "big"]  # "big" is sliced over both servers
+SIZES = {"w": 6, "b": 3, "big": 1500}
+STEPS = 16
+
+
+def _cluster(n):
+    return connect(n_workers=n, dashboard_address=None, memory_limit="1GiB", set_as_default=False)
+
+
+@pytest.fixture
+def spare():
+    """3 workers for 2 ranks: one spare. Each test its own cluster: the nannies
+    of one whose workers were killed may still be restarting them."""
+    handle = _cluster(3)
+    yield handle
+    handle.close()
+
+
+def _zeros():
+    return [np.zeros(SIZES[k], np.float32) for k in KEYS]
+
+
+def train(kv, kills=(), marker=None, pause=0.0):
+    """SGD with momentum on the servers; each ``(rank, incarnation, step, i,
+    flush)`` of ``kills`` SIGKILLs that incarnation of the rank before its i-th
+    push of the step (after sending what it held back, with ``flush``), first
+    writing the time to ``marker``. The final values, the states, and when this
+    incarnation pushed first."""
+    kv.init(KEYS, _zeros())
+    kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.05, momentum=0.9, wd=0.01))
+    kv.barrier()
+    first_push = None
+    for step in kv.steps(STEPS):
+        outs = _zeros()
+        kv.pull(KEYS, out=outs)
+        coupling = np.float32(sum(float(o.sum()) for o in outs) * 1e-3)
+        for i, key in enumerate(KEYS):
+            for rank, incarnation, at, point, flush in kills:
+                if (kv.rank, kv.incarnation, step.number, i) == (rank, incarnation, at, point):
+                    if flush:
+                        kv.flush()
+                    if marker:
+                        with open(f"{marker}-{kv.rank}", "w") as f:
+                            f.write(repr(time.time()))
+                    os.kill(os.getpid(), signal.SIGKILL)
+            noise = step.rng.standard_normal(SIZES[key]).astype(np.float32)
+            kv.push(key, 0.1 * outs[i] + coupling + noise * (kv.rank + 1 + i))
+            first_push = first_push or time.time()
+        time.sleep(pause)
+    outs = _zeros()
+    kv.pull(KEYS, out=outs)
+    return [o.tobytes() for o in outs], kv._optimizer_states(), kv.incarnation, first_push
+
+
+def _run(handle, workers=3, num_servers=2, **kw):
+    handle.client.wait_for_workers(workers, timeout=60)
+    kw.setdefault("on_rank_loss", "replace")
+    opts = dict(num_workers=2, cluster=handle, replicas=2, bigarray_bound=1000)
+    return run(train, timeout=30, num_servers=num_servers, **opts, **kw)
+
+
+def _same(got, want):
+    for rank in (0, 1):
+        assert got[rank][0] == want[rank][0], f"rank {rank}'s values differ"
+    num_update, counts, states = got[0][1]
+    assert (num_update, counts) == want[0][1][:2]
+    for key in KEYS:
+        assert [a.tobytes() for a in states[key]] == [a.tobytes() for a in want[0][1][2][key]]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The undisturbed run (bit-identical on any cluster: the sums and the
+    optimizer run on the servers in a fixed order)."""
+    handle = _cluster(3)
+    try:
+        return _run(handle, on_rank_loss="fail")
+    finally:
+        handle.close()
+
+
+def test_a_rank_killed_at_random_steps_and_points_ends_bit_identical(spare, reference, tmp_path):
+    rng = random.Random(7)
+    delays = []
+    for seed in range(10):
+        rank, at, point = rng.randint(0, 1), rng.randint(1, STEPS - 2), rng.randint(0, 2)
+        flush = rng.random() < 0.5
+        marker = str(tmp_path / f"killed-{seed}")
+        got = _run(spare, kwargs={"kills": [(rank, 0, at, point, flush)], "marker": marker})
+        _same(got, reference)
+        assert got[rank][2] == 1 and got[1 - rank][2] == 0  # one replacement, of that rank
+        with open(f"{marker}-{rank}") as f:
+            delays.append(got[rank][3] - float(f.read()))
+    print(f"kill -> the replacement's first push: {sorted(round(d, 3) for d in delays)} s")
+    assert max(delays) < 30
+
+
+def test_the_replacement_killed_again_is_replaced_again(reference):
+    """Rank 1 is killed at step 3 and its replacement at step 9, with the
+    primary of server 1 both times: with two spares every server keeps a
+    replica (the ranks learn of the re-seeded one at their next reply)."""
+    handle = _cluster(4)
+    try:
+        kills = [(1, 0, 3, 1, True), (1, 1, 9, 2, True)]
+        got = _run(handle, workers=4, kwargs={"kills": kills, "pause": 0.05})
+        _same(got, reference)
+        assert got[1][2] == 2
+    finally:
+        handle.close()
+
+
+def test_a_rank_s_worker_killed_from_outside_at_a_random_moment_ends_bit_identical(
+    spare, reference
+):
+    """Killed wherever it is: in a pull, a push, the barrier, or between steps."""
+    rng = random.Random(11)
+    for _ in range(3):
+        spare.client.wait_for_workers(3, timeout=60)
+        rank_worker = sorted(spare.workers())[1]  # rank 1's (ranks take the first workers)
+        pid = spare.client.run(os.getpid, workers=[rank_worker])[rank_worker]
+        timer = threading.Timer(rng.uniform(0.3, 1.0), os.kill, (pid, signal.SIGKILL))
+        timer.start()
+        try:
+            got = _run(spare, kwargs={"pause": 0.08})
+        finally:
+            timer.cancel()
+        _same(got, reference)
+
+
+def test_a_step_that_kills_every_replacement_fails_the_run_naming_it(spare):
+    """One server, on ranks 0's and 1's workers: rank 1's losses cost a backup only."""
+    kills = [(1, i, 4, 1, True) for i in range(3)]
+    with pytest.raises(ClusterError, match=r"rank 1 was lost 3 times at step 4 .*is a crash"):
+        _run(spare, num_servers=1, kwargs={"kills": kills})
+
+
+def test_max_restarts_caps_the_replacements(spare):
+    kills = [(1, 0, 3, 0, True), (1, 1, 6, 0, True)]
+    with pytest.raises(ClusterError, match=r"rank 1 was lost 2 times .*max_restarts=1"):
+        _run(spare, num_servers=1, kwargs={"kills": kills}, max_restarts=1)
+
+
+def test_without_a_spare_the_replacement_waits_for_the_restarted_worker(reference):
+    handle = _cluster(2)
+    try:
+        before = set(handle.workers())
+        opts = dict(num_workers=2, cluster=handle, num_servers=2, replicas=2, bigarray_bound=1000)
+        got = run(
+            train,
+            timeout=30,
+            on_rank_loss="replace",
+            kwargs={"kills": [(1, 0, 6, 1, True)]},
+            **opts,
+        )
+        _same(got, reference)
+        assert set(handle.workers()) != before  # rank 1 runs on the nanny's new worker
+    finally:
+        handle.close()
+
+
+def test_bad_loss_settings_are_refused_before_anything_starts(spare):
+    with pytest.raises(ValueError, match="on_rank_loss must be one of"):
+        run(train, num_workers=2, cluster=spare, on_rank_loss="retry")
+    with pytest.raises(ValueError, match="max_restarts"):
+        run(train, num_workers=2, cluster=spare, on_rank_loss="replace", max_restarts=-1)
