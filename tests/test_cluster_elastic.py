@@ -245,3 +245,27 @@ def test_async_and_ssp_apply_each_rank_step_key_push_once_through_a_replacement(
     for key, value in zip(KEYS, values, strict=True):
         assert np.all(value == 2 * STEPS), key
     assert sum(load["replayed"] for load in loads) == 2  # step 4's w and b, on their servers
+
+
+def test_pushes_outside_and_between_step_loops_all_count():
+    """A second loop numbers its steps on from the first; pushes outside any loop
+    carry no step, so none of them is taken for a replay."""
+    with _cluster(1) as c:
+
+        def loops(kv):
+            kv.init("n", np.zeros(2, np.float32))
+            kv.set_optimizer(labkv.optimizers.SGD(learning_rate=-1.0))  # w += grad
+            numbers = []
+            for step in kv.steps(3):
+                kv.push("n", np.ones(2, np.float32))
+                numbers.append(step.number)
+            for _ in range(2):  # outside any loop, after one
+                kv.push("n", np.ones(2, np.float32))
+            for step in kv.steps(2):
+                kv.push("n", np.ones(2, np.float32))
+                numbers.append((step.index, step.number))
+            return numbers, kv.pull("n")
+
+        (numbers, value), _ = in_threads(*[lambda kv=kv: loops(kv) for kv in c.ranks])
+    assert numbers == [0, 1, 2, (0, 3), (1, 4)]
+    assert np.all(value == 2 * 7)  # 7 pushes of ones by each of 2 ranks

@@ -4,7 +4,9 @@ to take a lost rank's place mid-run (``run(..., on_rank_loss="replace")``).
 Each step's pushes and pulls carry the step's number, counted over every step
 loop of the rank's function (a second loop goes on from the first's last
 step), so that the servers know which (key, rank, step) they have seen
-(:mod:`labkv.cluster._server.replication.steps`). ``step.rng`` is a fresh
+(:mod:`labkv.cluster._server.replication.steps`); pulls after a loop carry the
+number of the step after it (they read what every step made), pushes outside
+a loop carry none (they are not replayed). ``step.rng`` is a fresh
 numpy Generator seeded by ``(seed, rank, step)``: a replayed step draws the
 same numbers. A replacement asks the servers for the first step its rank has
 not pushed every key of, and its loops start there: the steps before are
@@ -42,11 +44,22 @@ class StepCounter:
     """Where rank ``rank`` is in its step loops; ``resume()`` asks the servers
     where a replacement starts (called once, at its first loop)."""
 
-    __slots__ = ("rank", "seed", "resume", "current", "offset", "phase", "in_phase", "_start")
+    __slots__ = (
+        "rank",
+        "seed",
+        "resume",
+        "current",
+        "pushing",
+        "offset",
+        "phase",
+        "in_phase",
+        "_start",
+    )
 
     def __init__(self, rank: int, seed: int, resume: Callable[[], int] | None) -> None:
         self.rank, self.seed, self.resume = rank, seed, resume
-        self.current: int | None = None  # the step the rank's calls are in (None: none yet)
+        self.current: int | None = None  # the step the rank's pulls read as of (None: none yet)
+        self.pushing: int | None = None  # the step the rank's pushes are in (None: no loop)
         self.offset = 0  # steps of the loops before this one
         self.phase, self.in_phase = 1, 0  # barriers: see module doc
         self._start: int | None = None  # a replacement's first step (asked once)
@@ -63,12 +76,14 @@ class StepCounter:
         try:
             for index in range(first, n):
                 number = offset + index
-                self.current = number
+                self.current = self.pushing = number
                 self.phase, self.in_phase = 2 * number + 2, 0
                 yield Step(index, number, np.random.default_rng([seed, self.rank, number]))
         finally:
             self.offset = offset + n
-            self.current = self.offset  # later pulls read what every step of the loop made
+            # Later pulls read what every step of the loop made; later pushes are
+            # outside any step (not replayed: a replacement's are new pushes).
+            self.current, self.pushing = self.offset, None
             self.phase, self.in_phase = 2 * self.offset + 1, 0
 
     def barrier(self) -> tuple[int, int]:

@@ -295,7 +295,7 @@ class DistStore(KVStore):
         # A replicated dist_sync push is kept until its round is acknowledged, after
         # the push returns: a big one lent to the server is copied to be kept.
         keep_copies = self._spec.replicas > 1 and self._spec.sync
-        meta, step = self._meta, self._steps.current
+        meta, step = self._meta, self._steps.pushing
         with calls.sending("push"):  # numbers taken are numbers sent, Ctrl-C or not
             msgs = []
             for s, batch in per_server.items():

@@ -190,6 +190,8 @@ class StepMarks:
 def copied(value: Any) -> Any:
     """A copy of a stored value on its own device (``value.copy()`` of a CuPy
     array lands on the current device, not on the array's)."""
+    if type(value) is np.ndarray:  # a server's host values
+        return value.copy()
     out = empty_like(value)
     copy_into(out, value)
     return out
