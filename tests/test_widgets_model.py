@@ -152,6 +152,26 @@ def test_failover_and_reseed_rows_say_what_changed_and_can_be_filtered():
     mon.close()
 
 
+def test_a_lost_and_replaced_rank_are_rows_that_say_where_and_can_be_filtered():
+    model = MonitorModel()
+    bus = EventBus("s")
+    bus.subscribe(model.on_event)
+    bus.emit("rank-lost", None, rank=1, extra={"worker": "tcp://a:1", "step": 6})
+    replaced = {"worker": "tcp://b:2", "lost_worker": "tcp://a:1", "incarnation": 1}
+    bus.emit("rank-replaced", None, rank=1, extra={**replaced, "step": 6, "seconds": 0.8})
+    model.flush()
+    (lost,) = log_table(model, op="rank-lost")[1]
+    assert lost[3] == "1" and lost[-1] == "worker tcp://a:1 lost; resumes at step 6"
+    (row,) = log_table(model, op="rank-replaced")[1]
+    assert row[-1] == "replaced on tcp://b:2 (incarnation 1) at step 6, placed in 0.8 s"
+    kv = labkv.create("local")
+    mon = monitor(kv)
+    _ = mon.widget
+    ops = [value for _, value in mon.dashboard.op_filter.options]
+    assert {"rank-lost", "rank-replaced"} <= set(ops)
+    mon.close()
+
+
 def test_pending_events_stay_bounded_without_a_flush():
     model = MonitorModel(max_pending=100)
     bus = EventBus("s")

@@ -38,7 +38,18 @@ from ._tables import (
 
 __all__ = ["TAB_TITLES", "Dashboard", "ValueState"]
 
-_OPS = ["init", "push", "pull", "update", "optimizer", "round", "failover", "reseed"]
+_OPS = [
+    "init",
+    "push",
+    "pull",
+    "update",
+    "optimizer",
+    "round",
+    "failover",
+    "reseed",
+    "rank-lost",
+    "rank-replaced",
+]
 
 
 class ValueState:
