@@ -8,6 +8,7 @@ worker, and without (the replacement waits for the nanny's restart)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -19,6 +20,7 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError, connect, run
+from tests._waiting import wait_until
 
 pytestmark = pytest.mark.slow  # real LocalClusters whose workers are killed
 
@@ -149,6 +151,45 @@ def test_a_rank_s_worker_killed_from_outside_at_a_random_moment_ends_bit_identic
         finally:
             timer.cancel()
         _same(got, reference)
+
+
+async def _declare_lost(address, dask_scheduler=None):
+    await dask_scheduler.remove_worker(address, stimulus_id="declared-lost", close=True)
+
+
+def test_a_frozen_rank_declared_lost_and_woken_after_its_replacement_changes_nothing(
+    spare, reference
+):
+    """SIGSTOP rank 1's worker (it also holds server 1's primary), have the
+    scheduler drop it, SIGCONT it once the replacement runs: whatever the
+    woken incarnation still sends is refused, and the run ends bit-identical."""
+    spare.client.wait_for_workers(3, timeout=60)
+    rank_worker = sorted(spare.workers())[1]
+    pid = spare.client.run(os.getpid, workers=[rank_worker])[rank_worker]
+
+    def rank_running():
+        tasks = spare.client.processing(workers=[rank_worker]).get(rank_worker, ())
+        return any(str(k).startswith("labkv-rank-") for k in tasks)
+
+    def freeze_then_wake():
+        assert wait_until(rank_running, timeout=60)
+        time.sleep(0.4)  # into its steps
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        spare.client.run_on_scheduler(_declare_lost, rank_worker)
+        time.sleep(1.5)
+        os.kill(pid, signal.SIGCONT)
+
+    zombie = threading.Thread(target=freeze_then_wake)
+    zombie.start()
+    try:
+        got = _run(spare, kwargs={"pause": 0.08})
+    finally:
+        zombie.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    _same(got, reference)
+    assert got[1][2] == 1
 
 
 def test_a_step_that_kills_every_replacement_fails_the_run_naming_it(spare):
