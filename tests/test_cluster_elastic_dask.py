@@ -46,17 +46,19 @@ def _zeros():
     return [np.zeros(SIZES[k], np.float32) for k in KEYS]
 
 
-def train(kv, kills=(), marker=None, pause=0.0):
+def train(kv, kills=(), marker=None, pause=0.0, looping=None):
     """SGD with momentum on the servers; each ``(rank, incarnation, step, i,
     flush)`` of ``kills`` SIGKILLs that incarnation of the rank before its i-th
     push of the step (after sending what it held back, with ``flush``), first
-    writing the time to ``marker``. The final values, the states, and when this
-    incarnation pushed first."""
+    writing the time to ``marker``; ``looping``: a file made when the step loop
+    starts. The final values, the states, and when this incarnation pushed first."""
     kv.init(KEYS, _zeros())
     kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.05, momentum=0.9, wd=0.01))
     kv.barrier()
     first_push = None
     for step in kv.steps(STEPS):
+        if looping and step.index == 0:
+            open(looping, "w").close()
         outs = _zeros()
         kv.pull(KEYS, out=outs)
         coupling = np.float32(sum(float(o.sum()) for o in outs) * 1e-3)
@@ -136,21 +138,27 @@ def test_the_replacement_killed_again_is_replaced_again(reference):
 
 
 def test_a_rank_s_worker_killed_from_outside_at_a_random_moment_ends_bit_identical(
-    spare, reference
+    spare, reference, tmp_path
 ):
-    """Killed wherever it is: in a pull, a push, the barrier, or between steps."""
+    """Killed wherever it is in its step loop: in a pull, a push, or between steps."""
     rng = random.Random(11)
-    for _ in range(3):
+    for attempt in range(3):
         spare.client.wait_for_workers(3, timeout=60)
         rank_worker = sorted(spare.workers())[1]  # rank 1's (ranks take the first workers)
         pid = spare.client.run(os.getpid, workers=[rank_worker])[rank_worker]
-        timer = threading.Timer(rng.uniform(0.3, 1.0), os.kill, (pid, signal.SIGKILL))
-        timer.start()
-        try:
-            got = _run(spare, kwargs={"pause": 0.08})
-        finally:
-            timer.cancel()
+        looping, delay = tmp_path / f"looping-{attempt}", rng.uniform(0.05, 0.8)
+
+        def kill_in_the_loop(delay=delay, looping=looping, pid=pid):
+            if wait_until(looping.exists, timeout=60):
+                time.sleep(delay)
+                os.kill(pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_in_the_loop)
+        killer.start()
+        got = _run(spare, kwargs={"pause": 0.08, "looping": str(looping)})
+        killer.join()
         _same(got, reference)
+        assert got[1][2] == 1
 
 
 async def _declare_lost(address, dask_scheduler=None):

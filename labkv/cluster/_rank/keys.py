@@ -5,6 +5,7 @@ gave the same shapes, dtypes and ids (:func:`~.split.check_same_init`)."""
 
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -18,13 +19,17 @@ Items = list[tuple[Any, Any]]
 
 def send_init(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
     """The owner's init of ``items`` (``ids``: each key's id, ``placed``: its
-    pieces), every server its pieces, waited for."""
+    pieces), every server its pieces, waited for. The call's id lets a replica
+    take it once when it is made again after a failover (a primary lost under
+    it may have passed it to its backup)."""
     per_server: dict[int, list] = defaultdict(list)
     for key, array in items:
         host = messages.host(array)
         for s, piece in messages.split(host, placed[key]):
             per_server[s].append(InitItem(key, piece, tuple(host.shape), host.dtype.str, ids[key]))
-    calls.wait(calls.call_each("init", {s: (b,) for s, b in per_server.items()}), "init")
+    call_id = (calls.sender, uuid.uuid4().hex)
+    sent = calls.call_each("init", {s: (b, call_id) for s, b in per_server.items()})
+    calls.wait(sent, "init")
 
 
 def heir_init(calls: Calls, items: Items, ids: dict, placed: dict) -> None:

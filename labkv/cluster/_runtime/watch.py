@@ -1,8 +1,10 @@
 """How ``run`` watches its ranks, and how it stops them.
 
-While the ranks run, the launcher looks every ``_POLL_S`` at the cluster's
-workers (:func:`_watch`): a rank that failed, or a lost worker hosting a rank or
-a server fails the run at once. Stopping (:func:`_stop_ranks`, :func:`_abort`)
+While the ranks run, the launcher looks at the cluster's workers
+(:func:`_watch`) as soon as a rank ends or the scheduler removes a rank's
+worker (its ``remove-worker`` event, :class:`_Wakeup`), and every ``_POLL_S``
+in any case: a rank that failed, or a lost worker hosting a rank or a server
+fails the run at once (or has the rank replaced, ``on_rank_loss="replace"``). Stopping (:func:`_stop_ranks`, :func:`_abort`)
 bars the run's senders on every server, so that a stopped rank's later calls
 are refused, and cancels the rank tasks.
 """
@@ -10,6 +12,7 @@ are refused, and cancels the rank tasks.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 import distributed
 
 from ..._interrupts import sigint_held
-from .._errors import TIMEOUTS, ClusterError, ServerLost
+from .._errors import ClusterError, ServerLost
 from .._options import StoreSpec
 from .._transport.dask import ActorLink, actor_address, raise_if_scheduler_gone
 from .connect import ClusterHandle
@@ -84,6 +87,37 @@ def _stop_ranks(
         time.sleep(_POLL_S)
 
 
+class _Wakeup:
+    """What wakes the watcher before its next look: a rank's future that is done,
+    or the scheduler's ``remove-worker`` event of a rank's worker (logged on the
+    worker's own topic, pushed to this client within milliseconds)."""
+
+    def __init__(self, client: distributed.Client) -> None:
+        self.client, self.event, self.topics = client, threading.Event(), set()
+
+    def future(self, future: Any) -> None:
+        future.add_done_callback(lambda _: self.event.set())
+
+    def worker(self, address: str) -> None:
+        if address not in self.topics:
+            self.topics.add(address)
+            self.client.subscribe_topic(address, self._heard)
+
+    def _heard(self, event: Any) -> None:
+        _, msg = event
+        if isinstance(msg, dict) and msg.get("action") == "remove-worker":
+            self.event.set()
+
+    def wait(self, timeout: float) -> None:
+        self.event.wait(timeout)
+        self.event.clear()
+
+    def close(self) -> None:
+        for topic in self.topics:
+            with contextlib.suppress(Exception):  # the scheduler may be gone
+                self.client.unsubscribe_topic(topic)
+
+
 def _watch(
     handle: ClusterHandle,
     futures: list[Any],
@@ -102,6 +136,30 @@ def _watch(
     for link in links:  # the watcher's own failovers replay nothing
         link.bind("labkv-run", spec.timeout)
     replace = None if replacer is None else replacer(links)
+    wakeup = _Wakeup(client)
+    try:
+        return _watch_ranks(
+            handle, futures, rank_workers, spec, servers, reseeded, links, replace, wakeup
+        )
+    finally:
+        wakeup.close()
+
+
+def _watch_ranks(
+    handle: ClusterHandle,
+    futures: list[Any],
+    rank_workers: list[str],
+    spec: StoreSpec,
+    servers: list[Any],
+    reseeded: list[Any],
+    links: list[Any],
+    replace: Replacer | None,
+    wakeup: _Wakeup,
+) -> list[Any]:
+    client = handle.client
+    for future, worker in zip(futures, rank_workers, strict=True):
+        wakeup.future(future)
+        wakeup.worker(worker)
     seen: set[str] = set(handle.workers())
     results: dict[int, Any] = {}  # gathered as each rank finishes: its worker may go later
 
@@ -125,6 +183,8 @@ def _watch(
                 busy = {w for r, w in enumerate(rank_workers) if r not in results and r != rank}
                 client.cancel([futures[rank]])  # pinned to a dead worker: never runs
                 futures[rank], rank_workers[rank] = replace.replace(rank, rank_workers[rank], busy)
+                wakeup.future(futures[rank])
+                wakeup.worker(rank_workers[rank])
             return None
         if not (lost_ranks or lost_servers):
             return None
@@ -151,14 +211,7 @@ def _watch(
             raise
 
     while True:
-        try:
-            running = [f for r, f in enumerate(futures) if r not in results]
-            distributed.wait(running, timeout=_POLL_S, return_when="FIRST_COMPLETED")
-        except TIMEOUTS:
-            pass
-        except Exception:  # the futures cancelled: a lost scheduler explains it best
-            raise_if_scheduler_gone(client)
-            raise
+        wakeup.wait(_POLL_S)
         raise_if_scheduler_gone(client)
         for rank, future in enumerate(futures):
             if rank not in results and future.status == "finished":

@@ -35,7 +35,7 @@ from .._protocol.messages import InitItem, KeyMeta, Pull, Push, States, decode_p
 from .._tasks import TaskGroup
 from .._transport.base import Host
 from .clocks import Clocks
-from .control import Fences, Settings
+from .control import Fences, Settings, first_time, taken
 from .keys import KeyTable
 from .modes import AsyncMode, SspMode, Staging, SyncMode
 from .order import SenderOrder, UpdateQueues
@@ -125,13 +125,12 @@ class Server:
     def messages(self) -> dict[str, int]:
         return self.reports.messages
 
-    def _load(self) -> dict[str, Any]:
-        return {**self.reports.load(), **self.log.load(), **self.marks.load()}
-
     # -- keys -------------------------------------------------------------------
     @answered
-    async def init(self, items: list[InitItem]) -> None:
-        """Store new keys, one :class:`~labkv.cluster._protocol.messages.InitItem` each."""
+    async def init(self, items: list[InitItem], call_id: tuple[str, str] | None = None) -> None:
+        """Store new keys, one ``InitItem`` each (a call made again, ``call_id``, once)."""
+        if not first_time(self.shard, call_id):
+            return
         items = [InitItem._make(item) for item in items]
         check_new_keys([item.key for item in items], self.table)
         for item in items:
@@ -141,6 +140,7 @@ class Server:
             self.table.add(key, KeyMeta(tuple(shape), item.dtype, item.key_id), whole)
             self.rounds.add(key)
             self.reports.bytes_in += piece.nbytes
+        taken(self.shard, call_id)
         self.waiting.wake()
 
     @answered
@@ -358,8 +358,7 @@ class Server:
 
     @answered
     async def resume_step(self, rank: int) -> int | None:
-        """The first step ``rank`` has not pushed every key of here (see .replication.steps)."""
-        return self.marks.resume(rank)
+        return self.marks.resume(rank)  # the first step rank has not pushed every key of
 
     @answered
     async def abort(self, reason: str, run: str | None = None) -> None:
@@ -383,9 +382,7 @@ class Server:
         return summarize(self.shard.read(key))
 
     @answered
-    async def streaming(
-        self, on: bool, detail_interval: float = 0.0, detail_burst: int = 1
-    ) -> None:
+    async def streaming(self, on: bool, detail_interval: float = 0.0, detail_burst: int = 1):
         """Send batched events to the store's topic, with the detail of the
         notebook's subscribers (on), or stop (off)."""
         if on:
@@ -395,5 +392,8 @@ class Server:
 
     @answered
     async def load(self) -> dict[str, Any]:
-        """Bytes in/out so far, keys held and bytes held (and the replicas)."""
+        """Bytes in/out so far, keys and bytes held, the replicas, the replays."""
         return self._load()
+
+    def _load(self) -> dict[str, Any]:
+        return {**self.reports.load(), **self.log.load(), **self.marks.load()}
