@@ -20,14 +20,7 @@ import time
 from statistics import median
 
 import numpy as np
-
-MIB = 1 << 20
-CASES = {
-    "16MiB x1": ([4 * MIB], 3),
-    "4MiB x4": ([MIB] * 4, 3),
-    "1KiB x200": ([256] * 200, 10),
-    "tiny": ([1], 100),
-}
+from replicas import CASES  # the same cases as bench/replicas.py (this script's folder)
 
 
 def _ranks(kv, case, pairs):
