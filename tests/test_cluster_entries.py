@@ -5,6 +5,7 @@ the one dispatch by type). No Dask, no event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 
 import numpy as np
@@ -14,6 +15,7 @@ from labkv.cluster._protocol.entries import (
     Clock,
     Entry,
     Failed,
+    Passed,
     Told,
     Vote,
     decode_entry,
@@ -28,6 +30,7 @@ from labkv.cluster._server.keys import KeyTable
 from labkv.cluster._server.replication.notes import NoteEffects
 from labkv.cluster._server.rounds import Failure, SyncRounds
 from labkv.cluster._server.updates import KeptVotes
+from labkv.cluster._server.waiting import Barriers, Waiters
 
 NOTES = [
     Failed(ValueError("no"), {"a": {"w": 3}}),
@@ -102,7 +105,26 @@ def _replica(staleness=None):
     rounds.add("w"), rounds.add("b")
     kept = KeptVotes()
     clocks = None if staleness is None else Clocks(staleness, num_workers=2)
-    return NoteEffects(1, table, rounds, kept, clocks), rounds, kept, clocks
+    barriers = Barriers(Waiters("server 1", 1.0))
+    return NoteEffects(1, table, rounds, kept, clocks, barriers), rounds, kept, clocks
+
+
+def test_a_passed_note_releases_a_barrier_whose_arrivals_this_replica_lacks():
+    """A replica seeded after rank 0 entered the barrier sees only rank 1 arrive:
+    the primary's Passed note releases it (and every generation before)."""
+    effects, *_ = _replica()
+    barriers = effects.barriers
+
+    async def scenario():
+        waiting = asyncio.ensure_future(barriers.enter("run", 1, (1, 0), parties=2))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        raw = decode_entry(encode_entry(7, [], [], Passed("run", (1, 0)))).note
+        effects.apply(raw, [], [])
+        await asyncio.wait_for(waiting, 1.0)
+        return barriers.passed, barriers.arrived
+
+    assert asyncio.run(scenario()) == ({"run": (1, 0)}, {})
 
 
 def test_a_failed_note_is_the_failure_of_the_keys_the_entry_left_unchanged():

@@ -10,7 +10,8 @@ it holds, and a note saying what else it means to a backup:
 - :class:`Told`: the primary told a sender of the earliest failure of some keys;
 - :class:`Clock`: a dist_ssp push, which advances its rank's clocks;
 - :class:`Vote`: this server's vote on a sliced key's update, sent to the other
-  servers once every backup has it.
+  servers once every backup has it;
+- :class:`Passed`: a barrier generation passed on the primary (server 0).
 
 On the wire a note is its plain tuple behind a tag (``("clock", 2)``, the same
 tuples as before the notes had types), cloudpickled (an updater's error may be
@@ -71,9 +72,23 @@ class Vote(NamedTuple):
     push: tuple | None
 
 
-Note = Failed | Told | Clock | Vote
+class Passed(NamedTuple):
+    """Barrier ``generation`` of run ``group`` passed on the primary: a replica
+    that has not seen every arrival (seeded after some) releases its waiters too."""
 
-_TAGS: dict[type, str] = {Failed: "failed", Told: "told", Clock: "clock", Vote: "vote"}
+    group: str
+    generation: Any
+
+
+Note = Failed | Told | Clock | Vote | Passed
+
+_TAGS: dict[type, str] = {
+    Failed: "failed",
+    Told: "told",
+    Clock: "clock",
+    Vote: "vote",
+    Passed: "passed",
+}
 _BY_TAG: dict[str, type] = {tag: cls for cls, tag in _TAGS.items()}
 
 

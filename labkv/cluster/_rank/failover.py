@@ -52,7 +52,16 @@ class Call:
     and makes the call again (see module doc); ``acknowledge``: the reply is
     ``(acked, epoch, payload)`` (a tracked held push's future has none)."""
 
-    __slots__ = ("acknowledge", "args", "generation", "inner", "link", "method", "others")
+    __slots__ = (
+        "acknowledge",
+        "args",
+        "backups",
+        "generation",
+        "inner",
+        "link",
+        "method",
+        "others",
+    )
 
     def __init__(
         self,
@@ -64,19 +73,21 @@ class Call:
         acknowledge: bool,
     ):
         self.link, self.method, self.args = link, method, args
-        self.inner, self.others, self.acknowledge = inner, others, acknowledge
+        self.inner, self.acknowledge = inner, acknowledge
+        self.others = list(zip(link.members[1:], others))  # (backup, its future)
         self.generation = link.generation
 
     def reply(self, timeout: float | None = None) -> Any:
         """The answer to the call as made, without failover: the primary's reply
-        (its acknowledgement taken), once the backups answered too (a backup
-        that is gone is no error here, its own answer is)."""
+        (its acknowledgement taken), once the backups answered too (one gone, or
+        silent on a worker the scheduler dropped, is no error; its answer is)."""
         out = self.inner.result(timeout)
-        for other in self.others:
+        for peer, other in self.others:
             try:
                 other.result(timeout)
             except TIMEOUTS:
-                raise
+                if not self.link.backup_gone(peer):
+                    raise
             except Exception as exc:
                 if answered_by(exc) is not None:
                     raise
@@ -119,13 +130,14 @@ class Call:
             return False
         if self.method == "pull":  # the pushes it carried were replayed with the others
             self.args = (self.args[0]._replace(pushes=()),)
-        self.inner, self.others = self.link.send(self.method, self.args)
+        self.inner, others = self.link.send(self.method, self.args)
+        self.others = list(zip(self.link.members[1:], others))
         self.generation = self.link.generation
         return True
 
     def done(self) -> bool:
         """Whether every replica called has answered the call as made."""
-        return self.inner.done() and all(o.done() for o in self.others)
+        return self.inner.done() and all(o.done() for _, o in self.others)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The error of :meth:`reply`, or None: what a done-callback reads (it
@@ -272,6 +284,13 @@ class ReplicatedLink(ServerLink):
         if why is None and self.alive is not None and not self.alive(self.address):
             why = f"the scheduler no longer has its worker {self.address}"
         return why
+
+    def backup_gone(self, peer: Peer) -> bool:
+        """Whether the backup ``peer`` is known lost (its link, or the scheduler)."""
+        link = self.links.get(peer)
+        if link is not None and link.lost() is not None:
+            return True
+        return self.alive is not None and not self.alive(peer.address)
 
     def lost_error(self, exc: BaseException) -> ServerLost:
         return self.primary.lost_error(exc)

@@ -85,7 +85,8 @@ class Server:
         self.staging, self.settings = Staging(self.device), Settings(sid, self.shard)
         self.reports = Reports(sid, self.device_name, self.bus, self.shard, self.table, self.rounds)
         self.clocks = None if staleness is None else Clocks(staleness, num_workers)
-        self.effects = NoteEffects(sid, self.table, self.rounds, self.kept, self.clocks)
+        noted = (self.table, self.rounds, self.kept, self.clocks, self.barriers)
+        self.effects = NoteEffects(sid, *noted)
         self.log: NullLog | ReplicaLog = NullLog(self.shard, self.effects)
         ended = self.reports.round_ended if sync else (lambda key, r: None)
         state = (self.sid, self.shard, self.table, self.rounds, self.votes, self.kept)
@@ -346,12 +347,12 @@ class Server:
     async def barrier(self, group: str, rank: int, generation: Any, parties: int) -> None:
         """Return once ``parties`` ranks of run ``group`` entered its barrier ``generation``."""
         self.fences.check(f"{group}/", rank)
-        await self.barriers.enter(group, rank, generation, parties)
+        if await self.barriers.enter(group, rank, generation, parties):
+            self.log.barrier_passed(group, generation)  # a backup may lack arrivals
 
     @answered
     async def fence(self, prefix: str, rank: int, seconds: float) -> int | None:
-        """Rank ``rank`` was lost: refuse its old senders (``prefix``), let no wait
-        time out within ``seconds`` while it is replaced; its resume step."""
+        """Rank ``rank`` is lost: refuse ``prefix``, hold waits ``seconds``; its resume step."""
         self.fences.bar(prefix, "that was replaced after it was taken for lost")
         self.waiting.hold(seconds)
         return self.marks.resume(rank)

@@ -105,25 +105,35 @@ class Barriers:
         self.passed, self.arrived = dict(snap[0]), {k: set(v) for k, v in snap[1].items()}
         self.waiting.wake()
 
-    async def enter(self, group: str, rank: int, generation: Any, parties: int) -> None:
+    def passed_on_primary(self, group: str, generation: Any) -> None:
+        """The primary passed ``generation``: so has this replica (it may lack
+        arrivals made before its seed)."""
+        last = self.passed.get(group)
+        if last is None or last < generation:
+            self.passed[group] = generation
+        for done in [k for k in self.arrived if k[0] == group and k[1] <= generation]:
+            del self.arrived[done]
+        self.waiting.wake()
+
+    async def enter(self, group: str, rank: int, generation: Any, parties: int) -> bool:
         """Return once every rank of ``range(parties)`` entered ``generation``
         (an int, or a rank's ``(phase, n)``, see :mod:`labkv.cluster._rank.steps`:
         generations of one group are ordered); on timeout raise naming the
-        ranks that did not."""
+        ranks that did not. Whether this arrival passed it."""
 
         def passed() -> bool:
             last = self.passed.get(group)
             return last is not None and generation <= last
 
         if passed():
-            return
+            return False
         arrived = self.arrived.setdefault((group, generation), set())
         arrived.add(rank)
         if len(arrived) >= parties:
             self.passed[group] = generation
             del self.arrived[(group, generation)]
             self.waiting.wake()
-            return
+            return True
 
         def missing() -> str:
             absent = sorted(set(range(parties)) - arrived)
@@ -133,6 +143,7 @@ class Barriers:
             )
 
         await self.waiting.until(passed, missing)
+        return False
 
 
 def generation_name(generation: Any) -> str:

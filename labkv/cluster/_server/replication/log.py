@@ -37,7 +37,7 @@ from ....devices import Device, to_device
 from ....shard import Shard
 from ..._device import host_view
 from ..._errors import deposed, is_deposed
-from ..._protocol.entries import Clock, Entry, Failed, Note, Told, Vote, encode_entry
+from ..._protocol.entries import Clock, Entry, Failed, Note, Passed, Told, Vote, encode_entry
 from ..._protocol.messages import Peer
 from ..._tasks import TaskGroup
 from ..._transport.base import POLL_S, Host
@@ -192,6 +192,12 @@ class ReplicaLog:
         """Log that ``sender`` was told of the earliest failed round of ``keys``,
         so that a new primary does not tell it again."""
         self.issue([], [], note=Told(sender, keys))
+
+    def barrier_passed(self, group: str, generation: Any) -> None:
+        """Log that a barrier generation passed here (a primary's backups release
+        its waiters even without every arrival: see ``Barriers.passed_on_primary``)."""
+        if self.primary:
+            self.issue([], [], note=Passed(group, generation))
 
     async def replicated(self) -> None:
         """Wait until every entry issued so far is applied by every live backup."""

@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from ...._types import Key
-from ..._protocol.entries import Clock, Failed, Note, Told, Vote
+from ..._protocol.entries import Clock, Failed, Note, Passed, Told, Vote
 from ..clocks import Clocks
 from ..keys import KeyTable
 from ..rounds import Failure, SyncRounds
 from ..updates import KeptVotes
+from ..waiting import Barriers
 
 
 class NoteEffects:
@@ -29,8 +30,10 @@ class NoteEffects:
         rounds: SyncRounds,
         kept: KeptVotes,
         clocks: Clocks | None,
+        barriers: Barriers,
     ) -> None:
         self.sid, self.table, self.rounds, self.kept, self.clocks = sid, table, rounds, kept, clocks
+        self.barriers = barriers
 
     def apply(
         self, note: Note | None, updates: list[tuple[Key, Any]], pushes: list[tuple]
@@ -47,6 +50,8 @@ class NoteEffects:
                 self.clocked(pushes[0][0], rank, [k for _, k, _ in pushes])
             case Vote():
                 self.kept.keep(note)
+            case Passed(group, generation):
+                self.barriers.passed_on_primary(group, generation)
         return None
 
     def clocked(self, sender: str, rank: int, keys: list[Key]) -> None:

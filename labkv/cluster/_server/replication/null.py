@@ -60,6 +60,9 @@ class NullLog:
     def told(self, sender: str, keys: list[Key]) -> None:
         pass
 
+    def barrier_passed(self, group: str, generation: Any) -> None:
+        pass
+
     async def replicated(self) -> None:
         pass
 
