@@ -237,17 +237,28 @@ def _stream_framings(dask_worker):
     return sorted({type(w).__name__ for w in service.wires})
 
 
+def _store_through_rounds(handle):
+    """A replicated store after small and big rounds (each value checked), its
+    backup checked equal to its primary."""
+    kv, primary, backup = _replicated_store(handle)
+    try:
+        np.testing.assert_array_equal(_rounds(kv, "small", 3, SMALL), np.full(SMALL, 3))
+        np.testing.assert_array_equal(_rounds(kv, "big", 2, BIG), np.full(BIG, 2))
+        _check_backup_equals_primary(handle, kv, primary, backup, "big")
+    except BaseException:
+        kv.close()
+        raise
+    return kv, primary, backup
+
+
 @pytest.mark.parametrize("framing", ["messages", "frames"])
 def test_both_framings_carry_big_and_small_values_and_log_entries(handle, framing):
     handle.client.run(_set_framing, framing)
     _set_framing(framing)
     handle.client.run(_break_incoming_streams)  # every caller opens its streams anew
     try:
-        kv, primary, backup = _replicated_store(handle)
+        kv, primary, backup = _store_through_rounds(handle)
         try:
-            np.testing.assert_array_equal(_rounds(kv, "small", 3, SMALL), np.full(SMALL, 3))
-            np.testing.assert_array_equal(_rounds(kv, "big", 2, BIG), np.full(BIG, 2))
-            _check_backup_equals_primary(handle, kv, primary, backup, "big")
             wires = {"messages": "_Messages", "frames": "_Frames"}[framing]
             assert _run_on(handle, _stream_framings, backup) == [wires]
         finally:
@@ -265,11 +276,8 @@ def test_the_worker_end_frames_a_stream_as_its_caller_chose(handle):
     handle.client.run(_set_framing, "messages")
     handle.client.run(_break_incoming_streams)
     try:
-        kv, primary, backup = _replicated_store(handle)
+        kv, primary, backup = _store_through_rounds(handle)
         try:
-            np.testing.assert_array_equal(_rounds(kv, "small", 3, SMALL), np.full(SMALL, 3))
-            np.testing.assert_array_equal(_rounds(kv, "big", 2, BIG), np.full(BIG, 2))
-            _check_backup_equals_primary(handle, kv, primary, backup, "big")
             assert "_Frames" in _run_on(handle, _stream_framings, primary)  # the notebook's
             assert "_Messages" in _run_on(handle, _stream_framings, backup)  # the primary's
         finally:

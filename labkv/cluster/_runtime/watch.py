@@ -138,29 +138,6 @@ def _watch(
         link.bind("labkv-run", spec.timeout)
     replace = None if replacer is None else replacer(links)
     wakeup = _Wakeup(client)
-    try:
-        return _watch_ranks(
-            handle, futures, rank_workers, spec, servers, reseeded, links, replace, wakeup
-        )
-    finally:
-        wakeup.close()
-
-
-def _watch_ranks(
-    handle: ClusterHandle,
-    futures: list[Any],
-    rank_workers: list[str],
-    spec: StoreSpec,
-    servers: list[Any],
-    reseeded: list[Any],
-    links: list[Any],
-    replace: Replacer | None,
-    wakeup: _Wakeup,
-) -> list[Any]:
-    client = handle.client
-    for future, worker in zip(futures, rank_workers, strict=True):
-        wakeup.future(future)
-        wakeup.worker(worker)
     seen: set[str] = set(handle.workers())
     results: dict[int, Any] = {}  # gathered as each rank finishes: its worker may go later
 
@@ -211,40 +188,46 @@ def _watch_ranks(
             fail(str(exc), None)
             raise
 
-    while True:
-        wakeup.wait(_POLL_S)
-        raise_if_scheduler_gone(client)
-        for rank, future in enumerate(futures):
-            if rank not in results and future.status == "finished":
-                results[rank] = future.result()
-        if len(results) == len(futures):
-            return [results[r] for r in range(len(futures))]
-        failed = [
-            r
-            for r, f in enumerate(futures)
-            if r not in results and f.status in ("error", "cancelled", "lost")
-        ]
-        if failed:
-            rank = failed[0]
-            future = futures[rank]
-            exc = future.exception() if future.status == "error" else None
-            died = guarded(lost_workers)  # a dead worker explains a failed rank best
-            if died is None and futures[rank] is not future:
-                continue  # its worker was lost, and it was replaced
-            deadline = time.monotonic() + 3.0
-            while died is None and isinstance(exc, ServerLost) and time.monotonic() < deadline:
-                time.sleep(_POLL_S)  # the scheduler may not have removed the worker yet
-                died = guarded(lost_workers)
+    try:
+        for future, worker in zip(futures, rank_workers, strict=True):
+            wakeup.future(future)
+            wakeup.worker(worker)
+        while True:
+            wakeup.wait(_POLL_S)
+            raise_if_scheduler_gone(client)
+            for rank, future in enumerate(futures):
+                if rank not in results and future.status == "finished":
+                    results[rank] = future.result()
+            if len(results) == len(futures):
+                return [results[r] for r in range(len(futures))]
+            failed = [
+                r
+                for r, f in enumerate(futures)
+                if r not in results and f.status in ("error", "cancelled", "lost")
+            ]
+            if failed:
+                rank = failed[0]
+                future = futures[rank]
+                exc = future.exception() if future.status == "error" else None
+                died = guarded(lost_workers)  # a dead worker explains a failed rank best
                 if died is None and futures[rank] is not future:
-                    break
-            if futures[rank] is not future:
-                continue
+                    continue  # its worker was lost, and it was replaced
+                deadline = time.monotonic() + 3.0
+                while died is None and isinstance(exc, ServerLost) and time.monotonic() < deadline:
+                    time.sleep(_POLL_S)  # the scheduler may not have removed the worker yet
+                    died = guarded(lost_workers)
+                    if died is None and futures[rank] is not future:
+                        break
+                if futures[rank] is not future:
+                    continue
+                if died is not None:
+                    try:
+                        fail(died, None)
+                    except ClusterError as error:
+                        raise error from exc
+                fail(f"rank {rank} (on {rank_workers[rank]}) failed ({future.status})", exc)
+            died = guarded(lost_workers)
             if died is not None:
-                try:
-                    fail(died, None)
-                except ClusterError as error:
-                    raise error from exc
-            fail(f"rank {rank} (on {rank_workers[rank]}) failed ({future.status})", exc)
-        died = guarded(lost_workers)
-        if died is not None:
-            fail(died, None)
+                fail(died, None)
+    finally:
+        wakeup.close()
