@@ -165,8 +165,11 @@ class Fences:
     that still runs (frozen, cut off) changes nothing any more.
 
     >>> fences = Fences(0)
-    >>> fences.bar("run-a/1.0/"); fences.refuses("run-a/1.0/x"), fences.refuses("run-a/1.1/x")
-    (True, False)
+    >>> fences.bar("run-a/1.0/", "that was replaced"); fences.check("run-a/1.1/x", 1)
+    >>> fences.check("run-a/1.0/x", 1)
+    Traceback (most recent call last):
+    ...
+    labkv.cluster._errors.ClusterError: server 0 refuses rank 1 that was replaced: it may not change the store any more
     """
 
     __slots__ = ("sid", "barred", "why")
@@ -182,9 +185,6 @@ class Fences:
         if prefix not in self.barred:
             self.barred = (*self.barred, prefix)
             self.why[prefix] = why
-
-    def refuses(self, sender: str) -> bool:
-        return bool(self.barred) and sender.startswith(self.barred)
 
     def check(self, sender: str, rank: int | None) -> None:
         """Raise what a refused sender (rank ``rank``) gets."""
