@@ -10,7 +10,8 @@ Faults are injected where ps-lite injects them (``PS_DROP_MSG``): in the
 transport, never in the servers. A rank's link can lose the reply of a call
 (:attr:`InProcessLink.die_after`); the calls between servers can be dropped
 (:meth:`InProcessHost.drop`), held back (:meth:`InProcessHost.delay`), or be
-the last a replica makes (:meth:`InProcessHost.die`). Each hook takes the
+the last a replica makes (:meth:`InProcessHost.die`); a server that dies
+while it runs a call never answers it. Each hook takes the
 calls of one method, from one server (``caller``) and to one (``peer``) if
 told, matching ``match(args)`` if given, lets ``skip`` of them pass and acts
 on the next ``times``.
@@ -194,11 +195,22 @@ class InProcessLink(ServerLink):
     async def _coro(self, method: str, args: tuple) -> Any:
         if self.wire:
             args = pickle.loads(pickle.dumps(_encoded(method, args), protocol=5))
-        result = await getattr(self.server, method)(*args)
+        try:
+            result = await getattr(self.server, method)(*args)
+        except Exception:
+            self._answered(method)
+            raise
+        self._answered(method)
         if method == self.die_after:  # applied, but the reply never arrives
             self.gone = True
             raise OSError(f"the test cut the link after {method}")
         return pickle.loads(pickle.dumps(result, protocol=5)) if self.wire else result
+
+    def _answered(self, method: str) -> None:
+        """A server that died while it ran the call never answers it (what it
+        did after its death, a zombie's work, reaches no one)."""
+        if self.gone:
+            raise OSError(f"the server died before it answered {method}")
 
     def lost(self) -> str | None:
         return "the test said so" if self.gone else None

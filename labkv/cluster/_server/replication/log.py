@@ -253,7 +253,6 @@ class ReplicaLog:
         for sender, key, seq in pushes:
             if self.applied_seq.get((sender, key), -1) < seq:
                 self.applied_seq[(sender, key)] = seq
-            self.senders.passed(sender, seq)
 
     async def _forward(self, backups: list[Peer], entry: tuple) -> None:
         """Send ``entry`` to every backup, then acknowledge it. A backup that
@@ -338,6 +337,11 @@ class ReplicaLog:
         if applied:
             self.shard.apply(applied, owned=True)
         self._note_pushes(entry.pushes)
+        for sender, _, seq in entry.pushes:
+            # Here, not as the primary issues: there a push also waits for its
+            # sliced keys' updates (``Server.push`` passes it when it is over),
+            # and a pull must not read past them.
+            self.senders.passed(sender, seq)
         return self.effects.apply(entry.note, entry.updates, entry.pushes)
 
     def _take_marks(self, entry: Entry) -> None:
