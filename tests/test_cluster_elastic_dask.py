@@ -263,3 +263,75 @@ def test_bad_loss_settings_are_refused_before_anything_starts(spare):
         run(train, num_workers=2, cluster=spare, on_rank_loss="retry")
     with pytest.raises(ValueError, match="max_restarts"):
         run(train, num_workers=2, cluster=spare, on_rank_loss="replace", max_restarts=-1)
+
+
+def _counting(key, grad, weight):
+    """Every push applied adds its values (so a count of pushes shows)."""
+    weight += grad
+
+
+def shrinking(kv, lost_at):
+    """Each step pushes ones, pulls and meets the others at a barrier; rank 1
+    SIGKILLs its worker at step ``lost_at`` (after sending what it held). The
+    final values."""
+    kv.init(KEYS, _zeros())
+    kv.set_updater(_counting)
+    kv.barrier()
+    for step in kv.steps(STEPS):
+        if kv.rank == 1 and step.number == lost_at:
+            kv.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        kv.push(KEYS, [np.ones(SIZES[k], np.float32) for k in KEYS])
+        kv.pull(KEYS)
+        kv.barrier()
+    kv.flush()
+    return kv.pull(KEYS)
+
+
+@pytest.mark.parametrize("kind", ["dist_async", "dist_ssp"])
+def test_shrink_goes_on_without_a_killed_rank_and_counts_its_pushes_before_once(spare, kind):
+    """dist_async (``big`` sliced, a custom updater) and dist_ssp (staleness 0,
+    with replicas no custom updater on a sliced key: nothing sliced): rank 1's
+    worker, which also hosts servers, is SIGKILLed at step 5; rank 0's barriers
+    and pulls go on without it, and every push rank 1 made before counts once."""
+    spare.client.wait_for_workers(3, timeout=60)
+    ssp = kind == "dist_ssp"
+    got = run(
+        shrinking,
+        num_workers=2,
+        cluster=spare,
+        kvstore=kind,
+        staleness=0 if ssp else None,
+        replicas=2,
+        bigarray_bound=10**6 if ssp else 1000,
+        timeout=30,
+        on_rank_loss="shrink",
+        kwargs={"lost_at": 5},
+    )
+    assert got[1] is None
+    for key, value in zip(KEYS, got[0], strict=True):
+        assert np.all(value == STEPS + 5), key
+
+
+def test_shrink_with_every_rank_lost_fails_the_run(spare):
+    """Rank 1 dies first; rank 0 once the servers it shared a worker with have
+    new replicas on the spare, so that only the ranks are lost."""
+
+    def both_die(kv):
+        kv.init(KEYS, _zeros())
+        kv.barrier()
+        if kv.rank == 0:
+            time.sleep(4.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    spare.client.wait_for_workers(3, timeout=60)
+    with pytest.raises(ClusterError, match="every rank was lost"):
+        run(
+            both_die,
+            num_workers=2,
+            cluster=spare,
+            kvstore="dist_async",
+            replicas=2,
+            timeout=30,
+            on_rank_loss="shrink",
+        )

@@ -152,7 +152,7 @@ def test_failover_and_reseed_rows_say_what_changed_and_can_be_filtered():
     mon.close()
 
 
-def test_a_lost_and_replaced_rank_are_rows_that_say_where_and_can_be_filtered():
+def test_a_lost_replaced_or_dropped_rank_are_rows_that_say_where_and_can_be_filtered():
     model = MonitorModel()
     bus = EventBus("s")
     bus.subscribe(model.on_event)
@@ -164,11 +164,19 @@ def test_a_lost_and_replaced_rank_are_rows_that_say_where_and_can_be_filtered():
     assert lost[3] == "1" and lost[-1] == "worker tcp://a:1 lost; resumes at step 6"
     (row,) = log_table(model, op="rank-replaced")[1]
     assert row[-1] == "replaced on tcp://b:2 (incarnation 1) at step 6, placed in 0.8 s"
+    bus.emit("rank-dropped", None, rank=0, extra={"worker": "tcp://c:3", "ranks_left": 1})
+    model.flush()
+    (dropped,) = log_table(model, op="rank-dropped")[1]
+    assert dropped[3] == "0"
+    assert (
+        dropped[-1]
+        == "worker tcp://c:3 lost at the start; the run goes on without it (1 rank left)"
+    )
     kv = labkv.create("local")
     mon = monitor(kv)
     _ = mon.widget
     ops = [value for _, value in mon.dashboard.op_filter.options]
-    assert {"rank-lost", "rank-replaced"} <= set(ops)
+    assert {"rank-lost", "rank-replaced", "rank-dropped"} <= set(ops)
     mon.close()
 
 

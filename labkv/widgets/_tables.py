@@ -208,7 +208,7 @@ def _event_value(e: Event) -> str:
         return f"round {x.get('round')} pushed {sorted(x.get('pushed', ()))} missing {sorted(x.get('missing', ()))}"
     if e.op in ("failover", "reseed"):
         return _group_change(e.extra)
-    if e.op in ("rank-lost", "rank-replaced"):
+    if e.op in ("rank-lost", "rank-replaced", "rank-dropped"):
         return _rank_change(e.op, e.extra)
     if e.after is not None:
         return f"{fmt_summary(e.before)} -> {fmt_summary(e.after)}"
@@ -216,17 +216,26 @@ def _event_value(e: Event) -> str:
 
 
 def _rank_change(op: str, x: dict) -> str:
-    """What a ``rank-lost`` or ``rank-replaced`` event says (see ``run(..., on_rank_loss=)``).
+    """What a ``rank-lost``, ``rank-replaced`` or ``rank-dropped`` event says
+    (see ``run(..., on_rank_loss=)``).
 
     >>> _rank_change("rank-lost", {"worker": "tcp://a:1", "step": 6})
     'worker tcp://a:1 lost; resumes at step 6'
     >>> _rank_change("rank-replaced", {"worker": "tcp://b:2", "incarnation": 1, "step": 6, "seconds": 0.8})
     'replaced on tcp://b:2 (incarnation 1) at step 6, placed in 0.8 s'
+    >>> _rank_change("rank-dropped", {"worker": "tcp://a:1", "step": 6, "ranks_left": 3})
+    'worker tcp://a:1 lost at step 6; the run goes on without it (3 ranks left)'
     """
     step = x.get("step")
     at = "the start" if step is None else f"step {step}"
     if op == "rank-lost":
         return f"worker {x.get('worker')} lost; resumes at {at}"
+    if op == "rank-dropped":
+        left = x.get("ranks_left")
+        return (
+            f"worker {x.get('worker')} lost at {at}; the run goes on without it "
+            f"({left} rank{'' if left == 1 else 's'} left)"
+        )
     return (
         f"replaced on {x.get('worker')} (incarnation {x.get('incarnation')}) at {at}, "
         f"placed in {x.get('seconds')} s"

@@ -49,6 +49,7 @@ _OPS = [
     "reseed",
     "rank-lost",
     "rank-replaced",
+    "rank-dropped",
 ]
 
 

@@ -1,4 +1,5 @@
-"""Replacing a lost rank mid-run: ``run(..., on_rank_loss="replace")``.
+"""Replacing a lost rank mid-run, ``run(..., on_rank_loss="replace")``, or
+going on without it, ``on_rank_loss="shrink"``.
 
 When a worker that runs a rank is lost, the watcher (:func:`~.watch._watch`)
 hands the rank to :class:`Replacer`, which
@@ -16,8 +17,16 @@ hands the rank to :class:`Replacer`, which
 
 The replacement builds its store as the next incarnation of the rank, and its
 step loops start where the rank was lost (:mod:`labkv.cluster._rank.steps`);
-the live ranks see their rounds complete. Each loss and replacement is an
-event on a shared store's bus (``rank-lost``, ``rank-replaced``).
+the live ranks see their rounds complete.
+
+Shrinking (dist_async and dist_ssp only: a dist_sync round sums every rank's
+push) fences the lost rank for good on every server replica, whose barriers,
+dist_ssp clocks and sliced updates then go on without it
+(:func:`~labkv.cluster._server.control.go_on_without`); the rank's result is
+None, and the rest of its partition is not trained on.
+
+Each loss and replacement, or drop, is an event on a shared store's bus
+(``rank-lost`` and ``rank-replaced``, or ``rank-dropped``).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from .._options import StoreSpec
 from .._transport.dask import ActorLink, actor_address
 
 #: What ``run`` does when a rank's worker is lost.
-ON_RANK_LOSS = ("fail", "replace")
+ON_RANK_LOSS = ("fail", "replace", "shrink")
 
 # How often a replacement waits for a free worker to join.
 _PLACE_POLL_S = 0.1
@@ -49,6 +58,16 @@ def check_on_rank_loss(on_rank_loss: Any, max_restarts: Any, replace_timeout: An
     if not number or replace_timeout <= 0:
         raise ValueError(
             f"replace_timeout must be a positive number of seconds, got {replace_timeout!r}"
+        )
+
+
+def check_shrink(on_rank_loss: str, sync: bool) -> None:
+    """Refuse ``on_rank_loss="shrink"`` for a dist_sync store (``sync``)."""
+    if on_rank_loss == "shrink" and sync:
+        raise ValueError(
+            "on_rank_loss='shrink' needs a dist_async or dist_ssp store: a dist_sync round "
+            "sums every rank's push, so going on without one would change every sum "
+            "(on_rank_loss='replace' keeps a dist_sync run bit-identical)"
         )
 
 
@@ -69,10 +88,13 @@ class Replacer:
         emit: Callable[..., Any],
         max_restarts: int,
         replace_timeout: float,
+        shrink: bool = False,
     ) -> None:
         self.spec, self.servers, self.links = spec, servers, links
         self.submit, self.workers, self.emit = submit, workers, emit
         self.max_restarts, self.replace_timeout = max_restarts, replace_timeout
+        self.shrink = shrink  # go on without a lost rank instead of replacing it
+        self.dropped: list[int] = []
         self.incarnations: dict[int, int] = {}
         self.lost_at: dict[tuple[int, int], int] = {}  # (rank, step) -> losses there
         self.history: list[dict[str, Any]] = []  # one record per replacement
@@ -112,6 +134,21 @@ class Replacer:
         self.emit("rank-replaced", rank=rank, extra=record)
         return future, worker
 
+    def drop(self, rank: int, lost_worker: str, ranks: int) -> None:
+        """Go on without rank ``rank`` (its worker ``lost_worker`` is gone) of the
+        run's ``ranks``: fenced for good on every server replica, whose waits
+        go on without it. Losing the last rank fails the run."""
+        step = self._fence(rank, self.incarnations.get(rank, 0), run=self.spec.group)
+        self.dropped.append(rank)
+        live = ranks - len(self.dropped)
+        if live == 0:
+            raise ClusterError(
+                f"every rank was lost (the last, rank {rank}, on Dask worker {lost_worker}): "
+                "on_rank_loss='shrink' has no rank left to go on with"
+            )
+        extra = {"worker": lost_worker, "step": step, "ranks_left": live}
+        self.emit("rank-dropped", rank=rank, extra=extra)
+
     def _current_spec(self) -> StoreSpec:
         """The run's spec with the replicas of now: the lost worker's are gone, a
         replica seeded since is in (a call to a dead replica would sit in
@@ -122,18 +159,19 @@ class Replacer:
         members = [[tuple(m) for m in link.members if m.address in live] for link in self.links]
         return dataclasses.replace(self.spec, replica_members=members)
 
-    def _fence(self, rank: int, incarnation: int) -> int | None:
-        """Fence incarnation ``incarnation`` of ``rank`` on every server replica;
-        the step it resumes at (None: it pushed nothing in a step loop)."""
+    def _fence(self, rank: int, incarnation: int, run: str | None = None) -> int | None:
+        """Fence incarnation ``incarnation`` of ``rank`` on every server replica
+        (``run``: for good, the servers go on without it); the step it resumes
+        at (None: it pushed nothing in a step loop)."""
         prefix = f"{self.spec.group}/{rank}.{incarnation}/"
-        hold = self.replace_timeout
+        args = (prefix, rank, self.replace_timeout, run)
         if self.links:
-            calls = [link.call("fence", prefix, rank, hold) for link in self.links]
+            calls = [link.call("fence", *args) for link in self.links]
         else:
             calls = []
             for s, actor in enumerate(self.servers):
                 address = actor_address(actor) or self.spec.server_addresses[s]
-                calls.append(ActorLink(s, address, actor).call("fence", prefix, rank, hold))
+                calls.append(ActorLink(s, address, actor).call("fence", *args))
         steps = []
         for call in calls:
             try:

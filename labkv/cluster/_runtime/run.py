@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..._types import dist_kind
+from ..._types import SYNC_KINDS, dist_kind
 from .._device import parse_server_device
 from .._errors import ClusterError
 from .._events import EventStream, topic_of
@@ -41,7 +41,7 @@ from .._rank.store import DistStore
 from .._transport.dask import raise_if_scheduler_gone, scheduler_gone, worker_loop
 from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
-from .elastic import Replacer, check_on_rank_loss
+from .elastic import Replacer, check_on_rank_loss, check_shrink
 from .launch import check_cluster_args, start_servers
 from .links import new_store
 from .watch import _POLL_S, _stop_ranks, _watch
@@ -171,8 +171,13 @@ def run(
     its rank was lost in, and a dist_sync run ends bit-identical to an
     undisturbed one (what each store type guarantees is in
     ``docs/cluster.md``). A rank lost twice at the same step fails the run (a
-    step that kills its worker is a crash). ``seed`` seeds every
-    ``step.rng``, with the rank and the step.
+    step that kills its worker is a crash). ``"shrink"`` (dist_async and
+    dist_ssp only) goes on without the lost rank: its result is None, the
+    barriers and dist_ssp pulls stop waiting for it, and the rest of its
+    partition is not trained on (each remaining push is still applied as it
+    comes, so the model learns from the other ranks' data only; a rank
+    dividing by ``kv.num_workers`` still divides by the ranks it started
+    with). ``seed`` seeds every ``step.rng``, with the rank and the step.
 
     >>> from labkv.cluster import connect, run
     >>> def train(kv):
@@ -207,9 +212,11 @@ def run(
                 "replicas are set when a store is made; a shared store keeps its own "
                 f"({kvstore.spec.replicas})"
             )
+        check_shrink(on_rank_loss, kvstore.spec.sync)
         handle = kvstore.handle
     else:
         kind = dist_kind(kvstore)
+        check_shrink(on_rank_loss, kind in SYNC_KINDS)
         check_cluster_args(cluster, timeout)
         staleness = check_staleness(kind, staleness)
         replicas = check_replicas(replicas)
@@ -286,12 +293,11 @@ def run(
             kvstore.events.emit(op, None, **fields)
 
     def replacer(links: list[Any]) -> Replacer:
-        return Replacer(
-            spec, servers, links, submit, handle.workers, emit, max_restarts, replace_timeout
-        )
+        limits = (max_restarts, replace_timeout, on_rank_loss == "shrink")
+        return Replacer(spec, servers, links, submit, handle.workers, emit, *limits)
 
     futures = [submit(rank, 0, rank_workers[rank]) for rank in range(num_workers)]
-    replace = replacer if on_rank_loss == "replace" else None
+    replace = replacer if on_rank_loss != "fail" else None
     ok = False
     try:
         with client.as_current():  # distributed.wait looks for "the current client"

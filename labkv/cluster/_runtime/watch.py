@@ -5,7 +5,7 @@ While the ranks run, the launcher looks at the cluster's workers
 worker (its ``remove-worker`` event, :class:`_Wakeup`), and every ``_POLL_S``
 in any case: a rank that failed, or a lost worker hosting a rank or a server
 fails the run at once (or has the rank replaced, ``on_rank_loss="replace"``,
-see :mod:`.elastic`). Stopping (:func:`_stop_ranks`, :func:`_abort`) bars the
+or dropped, ``"shrink"``: its result is None; see :mod:`.elastic`). Stopping (:func:`_stop_ranks`, :func:`_abort`) bars the
 run's senders on every server, so that a stopped rank's later calls are
 refused, and cancels the rank tasks.
 """
@@ -160,6 +160,10 @@ def _watch(
             for rank in lost_ranks:
                 busy = {w for r, w in enumerate(rank_workers) if r not in results and r != rank}
                 client.cancel([futures[rank]])  # pinned to a dead worker: never runs
+                if replace.shrink:
+                    replace.drop(rank, rank_workers[rank], len(futures))
+                    results[rank] = None  # the run goes on without it
+                    continue
                 futures[rank], rank_workers[rank] = replace.replace(rank, rank_workers[rank], busy)
                 wakeup.future(futures[rank])
                 wakeup.worker(rank_workers[rank])
@@ -180,6 +184,10 @@ def _watch(
         if cause is None:
             raise ClusterError(reason)
         raise cause
+
+    def handled(rank: int, future: Any) -> bool:
+        """Whether the failed ``future`` of ``rank`` was replaced or dropped."""
+        return futures[rank] is not future or rank in results
 
     def guarded(step: Callable[[], str | None]) -> str | None:
         try:
@@ -210,15 +218,15 @@ def _watch(
                 future = futures[rank]
                 exc = future.exception() if future.status == "error" else None
                 died = guarded(lost_workers)  # a dead worker explains a failed rank best
-                if died is None and futures[rank] is not future:
-                    continue  # its worker was lost, and it was replaced
+                if died is None and handled(rank, future):
+                    continue  # its worker was lost, and it was replaced or dropped
                 deadline = time.monotonic() + 3.0
                 while died is None and isinstance(exc, ServerLost) and time.monotonic() < deadline:
                     time.sleep(_POLL_S)  # the scheduler may not have removed the worker yet
                     died = guarded(lost_workers)
-                    if died is None and futures[rank] is not future:
+                    if died is None and handled(rank, future):
                         break
-                if futures[rank] is not future:
+                if handled(rank, future):
                     continue
                 if died is not None:
                     try:

@@ -21,10 +21,7 @@ import functools
 from collections.abc import Set
 from typing import Any
 
-import numpy as np
-
 from ..._types import Key
-from ...devices import to_device
 from ...events import EventBus, summarize
 from ...shard import Shard, check_new_keys
 from .._device import device_label, host_copy, pick_server_device, warm_up
@@ -35,8 +32,8 @@ from .._protocol.messages import InitItem, KeyMeta, Pull, Push, States, decode_p
 from .._tasks import TaskGroup
 from .._transport.base import Host
 from .clocks import Clocks
-from .control import Fences, Settings, first_time, taken
-from .keys import KeyTable
+from .control import Fences, Settings, first_time, go_on_without, taken
+from .keys import KeyTable, store_new_keys
 from .modes import AsyncMode, SspMode, Staging, SyncMode
 from .order import SenderOrder, UpdateQueues
 from .replication.group import Group
@@ -134,13 +131,8 @@ class Server:
             return
         items = [InitItem._make(item) for item in items]
         check_new_keys([item.key for item in items], self.table)
-        for item in items:
-            key, piece, shape = item.key, item.piece, item.shape
-            self.shard.init(key, to_device(np.asarray(piece, dtype=item.dtype), self.device))
-            whole = piece.size == int(np.prod(shape))
-            self.table.add(key, KeyMeta(tuple(shape), item.dtype, item.key_id), whole)
-            self.rounds.add(key)
-            self.reports.bytes_in += piece.nbytes
+        parts = (self.device, self.shard, self.table, self.rounds)
+        self.reports.bytes_in += store_new_keys(items, *parts)
         taken(self.shard, call_id)
         self.waiting.wake()
 
@@ -351,10 +343,17 @@ class Server:
             self.log.barrier_passed(group, generation)  # a backup may lack arrivals
 
     @answered
-    async def fence(self, prefix: str, rank: int, seconds: float) -> int | None:
-        """Rank ``rank`` is lost: refuse ``prefix``, hold waits ``seconds``; its resume step."""
-        self.fences.bar(prefix, "that was replaced after it was taken for lost")
-        self.waiting.hold(seconds)
+    async def fence(
+        self, prefix: str, rank: int, seconds: float, run: str | None = None
+    ) -> int | None:
+        """Rank ``rank`` is lost: refuse ``prefix`` and hold waits ``seconds`` for
+        its replacement, or (``run``, its barrier group) go on without it
+        (barriers, clocks and sliced updates: ``on_rank_loss="shrink"``); its resume step."""
+        if run is None:
+            self.fences.bar(prefix, "that was replaced after it was taken for lost")
+            self.waiting.hold(seconds)
+        else:
+            go_on_without(self, prefix, rank, run)
         return self.marks.resume(rank)
 
     @answered

@@ -19,6 +19,7 @@ class ClocksSnapshot:
     num_workers: int
     clocks: dict[Any, list[int]]
     ranks: dict[str, int]
+    gone: list[int]
 
 
 class Clocks:
@@ -46,12 +47,13 @@ class Clocks:
     "rank 0's pull of key 'w' at clock 3 (staleness 1) waits for every rank to reach clock 2; slowest: rank 1 at clock 1 (clocks: {0: 3, 1: 1})"
     """
 
-    __slots__ = ("staleness", "num_workers", "clocks", "ranks")
+    __slots__ = ("staleness", "num_workers", "clocks", "ranks", "gone")
 
     def __init__(self, staleness: int, num_workers: int) -> None:
         self.staleness, self.num_workers = staleness, num_workers
         self.clocks: dict[Any, list[int]] = {}  # key -> clock per rank
         self.ranks: dict[str, int] = {}  # sender -> its rank
+        self.gone: set[int] = set()  # ranks the run goes on without (their clocks stop)
 
     def pushed(self, sender: str, rank: int, keys: list[Any]) -> None:
         """``sender`` (rank ``rank``) pushed ``keys`` once (applied, or failed:
@@ -86,11 +88,27 @@ class Clocks:
         if row is None:
             return True  # nobody pushed it: every clock is 0
         need = (row[rank] if rank < len(row) else 0) - self.staleness
-        return need <= 0 or (len(row) >= self.num_workers and min(row) >= need)
+        if need <= 0:
+            return True
+        gone = self.gone
+        return len(row) >= self.num_workers and all(
+            c >= need for r, c in enumerate(row) if r not in gone
+        )
+
+    def drop(self, rank: int) -> None:
+        """The run goes on without ``rank``: no pull waits for its clocks.
+
+        >>> c = Clocks(staleness=0, num_workers=2)
+        >>> c.tick(0, ["w"]); c.ready("w", rank=0)
+        False
+        >>> c.drop(1); c.ready("w", rank=0), c.slowest("w")
+        (True, ([0], 1))
+        """
+        self.gone.add(rank)
 
     def slowest(self, key: Any) -> tuple[list[int], int]:
-        """The ranks with the lowest clock of ``key``, and that clock."""
-        clocks = self.of(key)
+        """The live ranks with the lowest clock of ``key``, and that clock."""
+        clocks = {r: c for r, c in self.of(key).items() if r not in self.gone}
         low = min(clocks.values())
         return [r for r, c in clocks.items() if c == low], low
 
@@ -98,7 +116,7 @@ class Clocks:
         """What ``rank``'s pull of ``key`` waits for, naming the slowest ranks."""
         clocks = self.of(key)
         need = self.needed(key, rank)
-        late = {r: c for r, c in clocks.items() if c < need}
+        late = {r: c for r, c in clocks.items() if c < need and r not in self.gone}
         slow = ", ".join(f"rank {r} at clock {c}" for r, c in sorted(late.items()))
         return (
             f"rank {rank}'s pull of key {key!r} at clock {clocks[rank]} (staleness "
@@ -110,6 +128,7 @@ class Clocks:
         """Start over with ``num_workers`` ranks (a new run on the same servers)."""
         self.num_workers = num_workers
         self.clocks.clear()
+        self.gone.clear()
 
     def snapshot(self) -> ClocksSnapshot:
         """A copy of the clocks and the senders' ranks.
@@ -121,9 +140,10 @@ class Clocks:
         ({0: 0, 1: 1}, {'a': 1})
         """
         clocks = {k: list(row) for k, row in self.clocks.items()}
-        return ClocksSnapshot(self.num_workers, clocks, dict(self.ranks))
+        return ClocksSnapshot(self.num_workers, clocks, dict(self.ranks), sorted(self.gone))
 
     def restore(self, snap: ClocksSnapshot) -> None:
         self.num_workers = snap.num_workers
         self.clocks = {k: list(row) for k, row in snap.clocks.items()}
         self.ranks = dict(snap.ranks)
+        self.gone = set(snap.gone)

@@ -194,3 +194,16 @@ class Fences:
             raise ClusterError(
                 f"server {self.sid} refuses {who} {why}: it may not change the store any more"
             )
+
+
+def go_on_without(server: Any, prefix: str, rank: int, run: str) -> None:
+    """``server`` refuses the lost rank ``rank`` (its senders start with
+    ``prefix``) and goes on without it (``on_rank_loss="shrink"``): run
+    ``run``'s barriers pass without it, no dist_ssp pull waits for its clocks,
+    and a sliced update of its that never reached every server commits on none."""
+    server.fences.bar(prefix, "that was lost: the run goes on without it")
+    server.barriers.drop(run, rank)
+    if server.clocks is not None:
+        server.clocks.drop(rank)
+    server.updates.dropped(prefix)
+    server.waiting.wake()

@@ -12,10 +12,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from ..._types import Key
+from ...devices import to_device
+from ...shard import Shard
 from .._placement import ORDER_RULE
-from .._protocol.messages import KeyMeta
+from .._protocol.messages import InitItem, KeyMeta
 
 
 @dataclass
@@ -69,3 +74,19 @@ class KeyTable:
     def restore(self, snap: KeysSnapshot) -> None:
         self.meta, self.first_piece = dict(snap.meta), dict(snap.first_piece)
         self.sliced = set(snap.sliced)
+
+
+def store_new_keys(
+    items: list[InitItem], device: Any, shard: Shard, table: KeyTable, rounds: Any
+) -> int:
+    """Store each new key's piece in ``shard`` (on ``device``), its metadata
+    in ``table`` and its round in ``rounds``; the bytes that came in."""
+    nbytes = 0
+    for item in items:
+        key, piece, shape = item.key, item.piece, item.shape
+        shard.init(key, to_device(np.asarray(piece, dtype=item.dtype), device))
+        whole = piece.size == int(np.prod(shape))
+        table.add(key, KeyMeta(tuple(shape), item.dtype, item.key_id), whole)
+        rounds.add(key)
+        nbytes += piece.nbytes
+    return nbytes

@@ -149,6 +149,30 @@ class UpdateQueue:
         self.busy = True
         return push, value, seq
 
+    def lost(
+        self, position: int, gone: tuple[str, ...]
+    ) -> tuple[tuple[str, int], None, int] | None:
+        """The push to apply as update ``position`` when it will never arrive
+        here (its sender's name starts with one of ``gone``: a rank the run
+        goes on without), taken as :meth:`take` would, without a value.
+
+        >>> q = UpdateQueue()
+        >>> q.learn(0, ("run/1.0/a", 0))
+        >>> q.lost(0, ()), q.lost(0, ("run/1.",))
+        (None, (('run/1.0/a', 0), None, -1))
+        """
+        if self.busy or not gone:
+            return None
+        push = self.order.get(position)
+        if push is None or push in self.data or not push[0].startswith(gone):
+            return None
+        del self.order[position]
+        sender = push[0]
+        self.arrived[sender] = self.arrived.get(sender, 0) + 1
+        self.undecided[sender] = self.undecided.get(sender, 0) + 1
+        self.busy = True
+        return push, None, -1
+
     def decided(self, sender: str) -> None:
         self.busy = False
         self.undecided[sender] -= 1

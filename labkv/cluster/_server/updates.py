@@ -29,7 +29,7 @@ import cloudpickle
 
 from ..._types import Key
 from ...shard import Shard
-from .._errors import add_note, portable
+from .._errors import ClusterError, add_note, portable
 from .._protocol.entries import Vote
 from .._protocol.messages import Peer
 from .._tasks import TaskGroup
@@ -184,6 +184,7 @@ class Updates:
         self.votes, self.kept, self.queues, self.peers = votes, kept, queues, peers
         self.log, self.waiting, self.round_ended = log, waiting, round_ended
         self.marks = marks
+        self.gone: tuple[str, ...] = ()  # senders the run goes on without (see dropped)
 
     def use(self, log: NullLog | ReplicaLog) -> None:
         """Issue to ``log`` from now on (the server joined a group of replicas)."""
@@ -271,13 +272,19 @@ class Updates:
     def advance(self, key: Key) -> None:
         """Prepare the next update of ``key`` in order, if it is here, and vote on it."""
         number = self.rounds[key].done
-        taken = self.queues[key].take(number)
+        queue = self.queues[key]
+        taken = queue.take(number) or queue.lost(number, self.gone)
         if taken is None:
             return
         (sender, n), value, seq = taken
         senders = {sender: {key: seq}}
         candidate, failure = None, None
         try:
+            if value is None:
+                raise ClusterError(
+                    f"update {number} of key {key!r} failed: its push never reached server "
+                    f"{self.sid} (its rank was lost, and the run goes on without it)"
+                )
             candidate = self.shard.prepare([(key, [value])])[key]
         except Exception as exc:
             failure = self.failure(exc, [key], senders)
@@ -370,6 +377,15 @@ class Updates:
         for backup in self.log.backups:
             self.peers.send(backup, "peer_promoted", sid, peer)
         self.send_votes_again(sid)
+
+    def dropped(self, prefix: str) -> None:
+        """The senders of ``prefix`` are gone for good (a rank the run goes on
+        without): a push of theirs that server 0 placed and that never reached
+        this server fails here, so that its update commits on no slice and the
+        key's later updates go on."""
+        self.gone = (*self.gone, prefix)
+        for key in list(self.queues.queues):
+            self.advance(key)
 
     def abort(self) -> None:
         """Forget every vote and queued update (an aborted run)."""

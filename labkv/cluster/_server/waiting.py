@@ -89,20 +89,24 @@ class Barriers:
     holds the same arrivals (a barrier is broadcast), and a rank enters
     ``g + 1`` only after every replica answered ``g``."""
 
-    __slots__ = ("arrived", "passed", "waiting")
+    __slots__ = ("arrived", "dropped", "passed", "waiting")
 
     def __init__(self, waiting: Waiters) -> None:
         self.waiting = waiting
         self.passed: dict[str, Any] = {}  # group -> the last generation passed
         self.arrived: dict[tuple[str, Any], set[int]] = {}
+        self.dropped: dict[str, set[int]] = {}  # group -> ranks it goes on without
 
-    def snapshot(self) -> tuple[dict, dict]:
-        """What a new replica of server 0 takes: the generations passed and the
-        arrivals at open ones (a replacement's barrier reaches it too)."""
-        return dict(self.passed), {k: set(v) for k, v in self.arrived.items()}
+    def snapshot(self) -> tuple[dict, dict, dict]:
+        """What a new replica of server 0 takes: the generations passed, the
+        arrivals at open ones (a replacement's barrier reaches it too) and the
+        ranks dropped."""
+        arrived = {k: set(v) for k, v in self.arrived.items()}
+        return dict(self.passed), arrived, {g: set(r) for g, r in self.dropped.items()}
 
-    def restore(self, snap: tuple[dict, dict]) -> None:
+    def restore(self, snap: tuple[dict, dict, dict]) -> None:
         self.passed, self.arrived = dict(snap[0]), {k: set(v) for k, v in snap[1].items()}
+        self.dropped = {g: set(r) for g, r in snap[2].items()}
         self.waiting.wake()
 
     def passed_on_primary(self, group: str, generation: Any) -> None:
@@ -115,35 +119,60 @@ class Barriers:
             del self.arrived[done]
         self.waiting.wake()
 
+    def drop(self, group: str, rank: int) -> None:
+        """Run ``group`` goes on without ``rank`` (``on_rank_loss="shrink"``):
+        its barriers pass once every other rank entered them.
+
+        >>> import asyncio
+        >>> b = Barriers(Waiters("server 0", 1.0))
+        >>> async def rank_2_lost():
+        ...     first = asyncio.ensure_future(b.enter("run", 0, 1, parties=3))
+        ...     second = asyncio.ensure_future(b.enter("run", 1, 1, parties=3))
+        ...     await asyncio.sleep(0)  # both wait for rank 2
+        ...     b.drop("run", 2)
+        ...     return await first, await second
+        >>> asyncio.run(rank_2_lost()), b.passed  # one of them passed it
+        ((True, False), {'run': 1})
+        """
+        self.dropped.setdefault(group, set()).add(rank)
+        self.waiting.wake()
+
+    def _pass(self, group: str, generation: Any) -> None:
+        self.passed[group] = generation
+        self.arrived.pop((group, generation), None)
+        self.waiting.wake()
+
     async def enter(self, group: str, rank: int, generation: Any, parties: int) -> bool:
         """Return once every rank of ``range(parties)`` entered ``generation``
         (an int, or a rank's ``(phase, n)``, see :mod:`labkv.cluster._rank.steps`:
-        generations of one group are ordered); on timeout raise naming the
-        ranks that did not. Whether this arrival passed it."""
+        generations of one group are ordered), but those dropped; on timeout
+        raise naming the ranks that did not. Whether this arrival passed it."""
 
         def passed() -> bool:
             last = self.passed.get(group)
             return last is not None and generation <= last
 
+        def complete() -> bool:
+            return set(range(parties)) <= arrived | self.dropped.get(group, set())
+
         if passed():
             return False
         arrived = self.arrived.setdefault((group, generation), set())
         arrived.add(rank)
-        if len(arrived) >= parties:
-            self.passed[group] = generation
-            del self.arrived[(group, generation)]
-            self.waiting.wake()
-            return True
+        if not complete():
 
-        def missing() -> str:
-            absent = sorted(set(range(parties)) - arrived)
-            return (
-                f"barrier {group!r} {generation_name(generation)} (of {parties} ranks): "
-                f"ranks {absent} have not arrived"
-            )
+            def missing() -> str:
+                absent = sorted(set(range(parties)) - arrived - self.dropped.get(group, set()))
+                return (
+                    f"barrier {group!r} {generation_name(generation)} (of {parties} ranks): "
+                    f"ranks {absent} have not arrived"
+                )
 
-        await self.waiting.until(passed, missing)
-        return False
+            await self.waiting.until(lambda: passed() or complete(), missing)
+            if passed():
+                return False
+        self._pass(group, generation)
+        return True
 
 
 def generation_name(generation: Any) -> str:
