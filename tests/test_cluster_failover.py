@@ -110,15 +110,15 @@ def test_losing_every_replica_names_the_server_and_its_workers():
 def test_a_broadcast_reaches_every_replica_and_only_a_backups_answer_fails_it():
     g = Group(n=3)
     _, second, third = g.replicas
-    second.fail["set_updater"] = [OSError("this backup is gone")]
-    assert g.link.call("set_updater", b"blob").result(1) == "set_updater by s0-r0"
-    assert all(r.methods() == ["set_updater"] for r in g.replicas)
+    second.fail["abort"] = [OSError("this backup is gone")]
+    assert g.link.call("abort", "stop").result(1) == "abort by s0-r0"
+    assert all(r.methods() == ["abort"] for r in g.replicas)
     third.fail["configure"] = [mark_answer(ValueError("a round is open"), 0)]
     with pytest.raises(ValueError, match="a round is open"):
         g.link.call("configure", 2).result(1)
-    assert g.replicas[0].methods() == ["set_updater", "configure"]
+    assert g.replicas[0].methods() == ["abort", "configure"]
     assert g.link.call("peek", ["w"]).result(1) == "peek by s0-r0"  # the primary's alone
-    assert second.methods() == third.methods() == ["set_updater", "configure"]
+    assert second.methods() == third.methods() == ["abort", "configure"]
 
 
 def test_a_reply_of_a_newer_epoch_has_the_link_learn_the_group():

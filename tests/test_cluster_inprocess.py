@@ -117,9 +117,9 @@ def test_small_pushes_ride_in_the_next_pull(monkeypatch):
         for _ in range(3):
             kv.push("w", np.ones(2))
         np.testing.assert_array_equal(kv.pull("w"), [3.0, 3.0])
-        assert c.servers[0].messages == {"push": 3, "pull": 1}
+        assert c.servers[0].reports.messages == {"push": 3, "pull": 1}
         kv.server_load()  # a call that is not a pull: nothing was left to send first
-        assert c.servers[0].messages == {"push": 3, "pull": 1}
+        assert c.servers[0].reports.messages == {"push": 3, "pull": 1}
 
 
 def test_a_held_push_leaves_on_its_own_after_the_hold_time():
@@ -128,7 +128,7 @@ def test_a_held_push_leaves_on_its_own_after_the_hold_time():
         kv.init("w", np.zeros(2))
         kv.push("w", np.ones(2))
         kv.flush()
-        assert c.servers[0].messages == {"push": 1, "pull": 0}
+        assert c.servers[0].reports.messages == {"push": 1, "pull": 0}
         np.testing.assert_array_equal(kv.peek("w"), [1.0, 1.0])
 
 

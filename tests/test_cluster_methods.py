@@ -41,13 +41,11 @@ def test_the_acknowledged_methods_are_the_data_path_and_the_replay():
     assert all(row.acknowledged for row in METHODS.values() if row.message)
 
 
-def test_every_setting_and_run_control_goes_to_every_replica():
+def test_every_run_control_goes_to_every_replica_and_init_and_settings_to_the_primary():
+    """init and the settings go to the primary alone, which logs them for its
+    backups (a replica seeded before a rank hears of it still gets them)."""
     broadcast = {n for n, row in METHODS.items() if row.broadcast}
     assert broadcast == {
-        "init",
-        "set_updater",
-        "set_optimizer",
-        "set_states",
         "configure",
         "abort",
         "fence",  # a lost rank's old incarnation stays refused after a failover
@@ -55,6 +53,7 @@ def test_every_setting_and_run_control_goes_to_every_replica():
         "link",
     }
     assert not (broadcast & {"push", "pull", "promote", "replay", "members"})
+    assert not (broadcast & {"init", "set_updater", "set_optimizer", "set_states"})
 
 
 def test_only_methods_that_copy_what_they_keep_run_in_process():

@@ -582,3 +582,37 @@ def test_a_barrier_whose_primary_dies_after_answering_one_rank_releases_the_othe
         assert took < 2.0  # no wait for a timeout
         assert c.group.servers_by_name(0)[0].primary  # the backup took over
         assert rank1._links[0].generation == 1
+
+
+@pytest.mark.parametrize("setting", ["optimizer", "updater"])
+def test_a_replica_seeded_before_the_rank_knows_it_gets_init_and_settings_through_the_log(
+    setting,
+):
+    """A replica joins (seeded by the primary, as after a lost worker) before the
+    rank has heard of it: the rank's init and optimizer (or updater) reach it
+    all the same, through its primary's log, and it ends with the primary's
+    values and states."""
+    with replicated("dist_sync", num_workers=1) as c:
+        (kv,) = c.ranks
+        seeded = c.group.reseed(0)
+        kv.init(KEYS, _shapes())
+        if setting == "optimizer":
+            kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+        else:
+            kv.set_updater(_decaying)
+        for step in range(3):
+            kv.push(KEYS, [_grad(step, 0, k) for k in KEYS])
+            kv.pull(KEYS)
+        primary = c.group.replicas_of[0][0]
+        assert primary.primary and set(seeded.meta) == set(primary.meta) != set()
+        for key in primary.meta:
+            np.testing.assert_array_equal(seeded.shard.read(key), primary.shard.read(key))
+        if setting == "optimizer":
+            assert seeded.shard.optimizer.to_config() == primary.shard.optimizer.to_config()
+            mine, theirs = primary.settings.get_states(), seeded.settings.get_states()
+            assert mine[:2] == theirs[:2]
+            for key, states in mine[2].items():
+                for a, b in zip(states, theirs[2][key], strict=True):
+                    np.testing.assert_array_equal(a, b)
+        else:
+            assert seeded.shard.updater is not None

@@ -30,7 +30,7 @@ def _replicas(topic, key, dask_worker=None):
     """Each server of the store ``topic`` on this worker: (is primary, entries
     applied, the key's value)."""
     return [
-        (a.primary, a.issued, np.array(a.shard.read(key)))
+        (a.primary, a.log.issued, np.array(a.shard.read(key)))
         for a in dask_worker.state.actors.values()
         if getattr(a, "topic", None) == topic and key in a.shard
     ]

@@ -28,7 +28,7 @@ FINGERPRINTS = {
     3: "ef30d086681bc611",
     4: "765b8da54d5cf94f",
     5: "e3bc54c106a79781",
-    6: "fbec53e376ee1bac",
+    6: "038ee70c3a7cf4e0",
 }
 
 

@@ -11,7 +11,10 @@ it holds, and a note saying what else it means to a backup:
 - :class:`Clock`: a dist_ssp push, which advances its rank's clocks;
 - :class:`Vote`: this server's vote on a sliced key's update, sent to the other
   servers once every backup has it;
-- :class:`Passed`: a barrier generation passed on the primary (server 0).
+- :class:`Passed`: a barrier generation passed on the primary (server 0);
+- :class:`Control`: a rank's ``init``, updater, optimizer or optimizer states,
+  taken by the primary, for every backup to take too (a rank calls only the
+  primary for these: a replica seeded before the rank hears of it still gets them).
 
 On the wire a note is its plain tuple behind a tag (``("clock", 2)``, the same
 tuples as before the notes had types), cloudpickled (an updater's error may be
@@ -80,7 +83,15 @@ class Passed(NamedTuple):
     generation: Any
 
 
-Note = Failed | Told | Clock | Vote | Passed
+class Control(NamedTuple):
+    """The server method ``method`` (``init``, ``set_updater``, ``set_optimizer``
+    or ``set_states``) took ``args`` on the primary: each backup does the same."""
+
+    method: str
+    args: tuple
+
+
+Note = Failed | Told | Clock | Vote | Passed | Control
 
 _TAGS: dict[type, str] = {
     Failed: "failed",
@@ -88,6 +99,7 @@ _TAGS: dict[type, str] = {
     Clock: "clock",
     Vote: "vote",
     Passed: "passed",
+    Control: "control",
 }
 _BY_TAG: dict[str, type] = {tag: cls for cls, tag in _TAGS.items()}
 

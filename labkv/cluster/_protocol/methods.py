@@ -2,7 +2,7 @@
 its ``handlers``): every method a rank, a peer or the driver calls by name,
 with what the transport and a replicated link must know of it.
 
->>> METHODS["push"].acknowledged, METHODS["init"].broadcast, METHODS["peek"].local
+>>> METHODS["push"].acknowledged, METHODS["fence"].broadcast, METHODS["peek"].local
 (True, True, False)
 >>> method("no such method")
 Traceback (most recent call last):
@@ -40,15 +40,15 @@ METHODS: dict[str, Method] = _table(
     # a rank's data path
     Method("push", local=True, message=True, acknowledged=True),
     Method("pull", local=True, message=True, acknowledged=True),
-    Method("init", local=True, broadcast=True),
+    Method("init", local=True),
     Method("keys", local=True),
     Method("wait_keys", local=True),
     Method("peek"),
     Method("summary"),
     # settings and run control: every replica takes them
-    Method("set_updater", broadcast=True),
-    Method("set_optimizer", broadcast=True),
-    Method("set_states", broadcast=True),
+    Method("set_updater"),
+    Method("set_optimizer"),
+    Method("set_states"),
     Method("get_states"),
     Method("configure", broadcast=True),
     Method("abort", broadcast=True),

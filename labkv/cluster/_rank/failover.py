@@ -3,9 +3,9 @@
 A :class:`ReplicatedLink` calls the primary, and keeps every push the rank
 sent it until a reply says that push is applied on every live replica (each
 push or pull reply of a replicated server is ``(acked, epoch, payload)``: the
-sender's pushes before ``acked`` are acknowledged). Control methods (init,
-updaters, optimizer states, run control) go to every replica
-(``Method.broadcast`` in :mod:`labkv.cluster._protocol.methods`).
+sender's pushes before ``acked`` are acknowledged). Run control goes to every
+replica (``Method.broadcast`` in :mod:`labkv.cluster._protocol.methods`);
+init and the settings to the primary, which logs them for its backups.
 
 The link owns its failover, as httpx keeps retries inside its transport: a
 :class:`Call` that finds the primary lost (the scheduler dropped its worker,

@@ -84,6 +84,7 @@ class Server:
         self.clocks = None if staleness is None else Clocks(staleness, num_workers)
         noted = (self.table, self.rounds, self.kept, self.clocks, self.barriers)
         self.effects = NoteEffects(sid, *noted)
+        self.effects.controls = {"init": self._init, **self.settings.controls()}
         self.log: NullLog | ReplicaLog = NullLog(self.shard, self.effects)
         ended = self.reports.round_ended if sync else (lambda key, r: None)
         state = (self.sid, self.shard, self.table, self.rounds, self.votes, self.kept)
@@ -114,27 +115,24 @@ class Server:
     def meta(self) -> dict[Key, KeyMeta]:
         return self.table.meta
 
-    @property
-    def issued(self) -> int:
-        """The log entries applied here (none without replicas)."""
-        return self.log.issued
-
-    @property
-    def messages(self) -> dict[str, int]:
-        return self.reports.messages
-
     # -- keys -------------------------------------------------------------------
     @answered
     async def init(self, items: list[InitItem], call_id: tuple[str, str] | None = None) -> None:
-        """Store new keys, one ``InitItem`` each (a call made again, ``call_id``, once)."""
+        """Store new keys, one ``InitItem`` each (a call made again, ``call_id``,
+        once), here and on every backup (through the log)."""
+        if self._init(items, call_id):
+            await self.log.control("init", items, call_id)
+
+    def _init(self, items: list[InitItem], call_id: tuple[str, str] | None) -> bool:
         if not first_time(self.shard, call_id):
-            return
+            return False
         items = [InitItem._make(item) for item in items]
         check_new_keys([item.key for item in items], self.table)
         parts = (self.device, self.shard, self.table, self.rounds)
         self.reports.bytes_in += store_new_keys(items, *parts)
         taken(self.shard, call_id)
         self.waiting.wake()
+        return True
 
     @answered
     async def keys(self, wanted: list[Key] | None = None) -> dict[Key, KeyMeta]:
@@ -295,6 +293,7 @@ class Server:
     ) -> None:
         """Use the pickled custom ``updater`` (None: ASSIGN); ``owner``: the store's owner's."""
         self.settings.set_updater(updater, owner, call_id)
+        await self.log.control("set_updater", updater, owner, call_id)
 
     @answered
     async def set_optimizer(
@@ -306,6 +305,7 @@ class Server:
     ) -> None:
         """Use the optimizer of ``config`` (``to_config()``), set by rank ``rank``."""
         self.settings.set_optimizer(config, owner, rank, call_id)
+        await self.log.control("set_optimizer", config, owner, rank, call_id)
 
     @answered
     async def get_states(self) -> States:
@@ -317,6 +317,7 @@ class Server:
         self, num_update: int, counts: dict[Key, int], states: dict[Key, tuple]
     ) -> None:
         self.settings.set_states(num_update, counts, states)
+        await self.log.control("set_states", num_update, counts, states)
 
     @answered
     async def link(self, peers: list[tuple[str, str]]) -> None:

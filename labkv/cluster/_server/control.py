@@ -142,6 +142,15 @@ class Settings:
             settle_optimizer(self.shard, Optimizer.from_config(config), owner, rank)
             taken(self.shard, call_id)
 
+    def controls(self) -> dict[str, Any]:
+        """The settings' control methods by name (a backup takes them from its
+        primary's log, see :class:`~labkv.cluster._protocol.entries.Control`)."""
+        return {
+            "set_updater": self.set_updater,
+            "set_optimizer": self.set_optimizer,
+            "set_states": self.set_states,
+        }
+
     def get_states(self) -> States:
         """``(num_update, per-key update counts, per-key state pieces)``."""
         num_update, counts, states = self._optimized().export_states()

@@ -153,7 +153,10 @@ class Barriers:
             return last is not None and generation <= last
 
         def complete() -> bool:
-            return set(range(parties)) <= arrived | self.dropped.get(group, set())
+            dropped = self.dropped.get(group)
+            if not dropped:
+                return len(arrived) >= parties
+            return set(range(parties)) <= arrived | dropped
 
         if passed():
             return False

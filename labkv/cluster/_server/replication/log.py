@@ -37,7 +37,7 @@ from ....devices import Device, to_device
 from ....shard import Shard
 from ..._device import host_view
 from ..._errors import deposed, is_deposed
-from ..._protocol.entries import Clock, Entry, Failed, Note, Passed, Told, Vote, encode_entry
+from ..._protocol.entries import Clock, Control, Entry, Failed, Passed, Told, Vote, encode_entry
 from ..._protocol.messages import Peer
 from ..._tasks import TaskGroup
 from ..._transport.base import POLL_S, Host
@@ -51,6 +51,7 @@ from .notes import NoteEffects
 from .steps import StepMarks, copied
 
 if TYPE_CHECKING:
+    from ..._protocol import entries
     from ..modes import Mode
 
 
@@ -199,6 +200,13 @@ class ReplicaLog:
         if self.primary:
             self.issue([], [], note=Passed(group, generation))
 
+    async def control(self, method: str, *args: Any) -> None:
+        """The primary took the control call ``method(*args)``: log it for every
+        backup, and wait until they all have it."""
+        if self.primary:
+            self.issue([], [], note=Control(method, args))
+        await self.replicated()
+
     async def replicated(self) -> None:
         """Wait until every entry issued so far is applied by every live backup."""
         upto = self.issued
@@ -231,7 +239,7 @@ class ReplicaLog:
         updates: list[tuple[Key, Any]],
         pushes: list[tuple],
         then: Callable[[], Any] | None = None,
-        note: Note | None = None,
+        note: entries.Note | None = None,
         marks: list | None = None,
     ) -> int:
         """Forward ``updates`` (applied here) to the backups; ``then()`` runs once

@@ -4,15 +4,16 @@
 A backup applies the note of every entry it takes. The note of a push's entry
 (a dist_ssp :class:`~labkv.cluster._protocol.entries.Clock`) does the same on
 the primary as it issues the entry; the notes of failed updates, of failures
-told and of votes record what the primary did itself.
+told, of votes and of control calls record what the primary did itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ...._types import Key
-from ..._protocol.entries import Clock, Failed, Note, Passed, Told, Vote
+from ..._protocol.entries import Clock, Control, Failed, Note, Passed, Told, Vote
 from ..clocks import Clocks
 from ..keys import KeyTable
 from ..rounds import Failure, SyncRounds
@@ -21,7 +22,8 @@ from ..waiting import Barriers
 
 
 class NoteEffects:
-    """The effects of the notes on server ``sid`` (``clocks``: dist_ssp only)."""
+    """The effects of the notes on server ``sid`` (``clocks``: dist_ssp only;
+    ``controls``: the server's own handling of each control method, by name)."""
 
     def __init__(
         self,
@@ -34,6 +36,7 @@ class NoteEffects:
     ) -> None:
         self.sid, self.table, self.rounds, self.kept, self.clocks = sid, table, rounds, kept, clocks
         self.barriers = barriers
+        self.controls: dict[str, Callable[..., Any]] = {}
 
     def apply(
         self, note: Note | None, updates: list[tuple[Key, Any]], pushes: list[tuple]
@@ -52,6 +55,8 @@ class NoteEffects:
                 self.kept.keep(note)
             case Passed(group, generation):
                 self.barriers.passed_on_primary(group, generation)
+            case Control(method, args):
+                self.controls[method](*args)
         return None
 
     def clocked(self, sender: str, rank: int, keys: list[Key]) -> None:

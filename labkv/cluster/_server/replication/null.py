@@ -63,6 +63,9 @@ class NullLog:
     def barrier_passed(self, group: str, generation: Any) -> None:
         pass
 
+    async def control(self, method: str, *args: Any) -> None:
+        pass  # no backups to tell
+
     async def replicated(self) -> None:
         pass
 
