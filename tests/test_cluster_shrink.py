@@ -137,3 +137,24 @@ def test_a_sliced_update_whose_push_reached_one_server_commits_on_none():
 def test_shrink_is_refused_for_dist_sync_before_anything_starts():
     with pytest.raises(ValueError, match="a dist_sync round sums every rank's push"):
         run(lambda kv: None, num_workers=2, kvstore="dist_sync", on_rank_loss="shrink")
+
+
+def test_a_replica_seeded_after_the_drop_refuses_the_dropped_rank_too():
+    """The fence travels in the seed: once the replicas that were told are
+    gone, the one seeded after the drop refuses the lost rank as they did."""
+    with InProcessCluster("dist_async", 1, 2, timeout=5.0, replicas=2) as c:
+        kv0, kv1 = c.ranks
+        kv0.init("w", np.zeros(3, np.float32))
+        kv1.init("w", np.zeros(3, np.float32))
+        _drop(c, 1)
+        seeded = c.group.reseed(0)
+        kv0.push("w", np.ones(3, np.float32))
+        kv0.pull("w")  # rank 0 hears of the seeded replica
+        c.group.kill(0, 0)  # the replicas that were told: the seeded one is the last
+        c.group.kill(0, 1)
+        kv0.push("w", np.ones(3, np.float32))
+        np.testing.assert_array_equal(kv0.pull("w"), np.ones(3, np.float32))  # assigned
+        assert seeded.primary and seeded.updates.gone == (f"{kv1.spec.group}/1.0/",)
+        with pytest.raises(ClusterError, match="lost: the run goes on without it"):
+            seeded.fences.check(kv1._calls.sender, 1)
+        seeded.fences.check(kv0._calls.sender, 0)  # rank 0 is not refused

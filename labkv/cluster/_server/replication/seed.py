@@ -1,7 +1,7 @@
 """Seeding a replica with the whole state of another: its values, optimizer
-or updater, keys, rounds, votes, clocks and the senders' sequence numbers,
-so that every entry issued after the snapshot is forwarded to it and none
-before is needed.
+or updater, keys, rounds, votes, clocks, barriers, step marks, fences and the
+senders' sequence numbers, so that every entry issued after the snapshot is
+forwarded to it and none before is needed.
 
 The state travels as one :class:`ServerSnapshot`, each part taken from and
 restored into the object that holds it (``snapshot()`` / ``restore()``), with
@@ -27,11 +27,12 @@ from ..._device import host_copy
 from ..._protocol.messages import Peer
 from ..._transport.base import Host
 from ..clocks import ClocksSnapshot
+from ..control import Fences
 from ..keys import KeysSnapshot, KeyTable
 from ..modes import Mode
 from ..order import SenderOrder, UpdateQueues
 from ..rounds import RoundsSnapshot, SyncRounds
-from ..updates import KeptVotes, Peers
+from ..updates import KeptVotes, Peers, Updates
 from ..waiting import Barriers
 from .group import Group
 from .log import LogSnapshot, ReplicaLog
@@ -87,7 +88,8 @@ class ServerSnapshot:
     queues: dict[Key, dict[str, int]]
     mode: ClocksSnapshot | None
     steps: StepsSnapshot
-    barriers: tuple[dict, dict]
+    barriers: tuple[dict, dict, dict]
+    fences: tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]  # + senders dropped
 
 
 class Seeding:
@@ -110,9 +112,11 @@ class Seeding:
         mode: Mode,
         marks: StepMarks,
         barriers: Barriers,
+        fences: Fences,
+        updates: Updates,
     ) -> None:
         self.sid, self.device, self.host, self.marks = sid, device, host, marks
-        self.barriers = barriers
+        self.barriers, self.fences, self.updates = barriers, fences, updates
         self.shard, self.table, self.rounds, self.senders = shard, table, rounds, senders
         self.peers, self.kept, self.queues, self.log, self.mode = peers, kept, queues, log, mode
 
@@ -129,6 +133,7 @@ class Seeding:
             mode=self.mode.snapshot(),
             steps=self.marks.snapshot(),
             barriers=self.barriers.snapshot(),
+            fences=(self.fences.barred, dict(self.fences.why), self.updates.gone),
         )
 
     def restore(self, snap: ServerSnapshot) -> None:
@@ -143,6 +148,8 @@ class Seeding:
         self.mode.restore(snap.mode)
         self.marks.restore(snap.steps, self.device)
         self.barriers.restore(snap.barriers)
+        self.fences.barred, why, self.updates.gone = snap.fences
+        self.fences.why = dict(why)
 
     async def seed(self, peer: tuple[str, str]) -> None:
         """Send this replica's whole state to ``peer``: every update issued
@@ -162,5 +169,5 @@ def join(server: Any, group: Group, seeded: bool) -> tuple[ReplicaLog, Seeding]:
     state = (s.device, s.shard, s.rounds, s.senders, s.effects, s.kept)
     log = ReplicaLog(group, seeded, *state, s.waiting, s.host, s.tasks, s.reports, s.marks)
     state = (s.shard, s.table, s.rounds, s.senders, s.peers, s.kept)
-    parts = (s.queues, log, s.mode, s.marks, s.barriers)
+    parts = (s.queues, log, s.mode, s.marks, s.barriers, s.fences, s.updates)
     return log, Seeding(s.sid, s.device, s.host, *state, *parts)
