@@ -335,3 +335,50 @@ def test_shrink_with_every_rank_lost_fails_the_run(spare):
             timeout=30,
             on_rank_loss="shrink",
         )
+
+
+def clocked(kv, kill_at, staleness):
+    """Rank r pushes a one at position r of "c" each step and pulls it: the
+    count at position j is rank j's pushes applied. Rank 1's first incarnation
+    SIGKILLs its worker at step ``kill_at`` (after sending what it held). The
+    final counts, and every pull (with ``staleness``) that saw a rank more
+    than the bound behind."""
+    kv.init("c", np.zeros(2, np.float32))
+    kv.set_updater(_counting)
+    kv.barrier()
+    late = []
+    for step in kv.steps(STEPS):
+        if (kv.rank, kv.incarnation, step.number) == (1, 0, kill_at):
+            kv.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        one = np.zeros(2, np.float32)
+        one[kv.rank] = 1.0
+        kv.push("c", one)
+        seen = kv.pull("c")
+        if staleness is not None and seen.min() < step.number + 1 - staleness:
+            late.append((step.number, seen.tolist()))
+    kv.barrier()
+    return kv.pull("c"), late
+
+
+@pytest.mark.parametrize("kind", ["dist_async", "dist_ssp"])
+def test_async_and_ssp_count_each_push_once_and_keep_the_bound_through_a_replacement(spare, kind):
+    """A real replacement (SIGKILL at step 7): every (rank, step) push counted
+    exactly once, and in dist_ssp (staleness 1) no pull of the live rank ever
+    saw the replaced rank more than the bound behind while it was replaced."""
+    spare.client.wait_for_workers(3, timeout=60)
+    staleness = 1 if kind == "dist_ssp" else None
+    got = run(
+        clocked,
+        num_workers=2,
+        cluster=spare,
+        kvstore=kind,
+        staleness=staleness,
+        replicas=2,
+        timeout=30,
+        on_rank_loss="replace",
+        kwargs={"kill_at": 7, "staleness": staleness},
+    )
+    for counts, late in got:
+        np.testing.assert_array_equal(counts, [STEPS, STEPS])
+        assert late == []
