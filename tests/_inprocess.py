@@ -30,6 +30,7 @@ class InProcessCluster:
         staleness=None,
         wire=True,
         bigarray_bound=1000,
+        replace_hold=0.0,
     ):
         sync = kind in SYNC_KINDS
 
@@ -58,6 +59,7 @@ class InProcessCluster:
             staleness=staleness,
             replicas=replicas,
             replica_members=[] if replicas == 1 else [list(m) for m in self.group.members],
+            replace_hold=replace_hold,
         )
         # each rank its own spec, as each Dask task unpickles its own
         self.ranks = [

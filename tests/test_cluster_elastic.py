@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ import pytest
 import labkv
 from labkv.cluster._errors import ClusterError
 from labkv.cluster._rank.store import DistStore
+from labkv.cluster._transport.base import GRACE_S
 from tests._inprocess import InProcessCluster
 from tests._waiting import in_threads
 
@@ -269,3 +272,50 @@ def test_pushes_outside_and_between_step_loops_all_count():
         (numbers, value), _ = in_threads(*[lambda kv=kv: loops(kv) for kv in c.ranks])
     assert numbers == [0, 1, 2, (0, 3), (1, 4)]
     assert np.all(value == 2 * 7)  # 7 pushes of ones by each of 2 ranks
+
+
+@pytest.mark.slow  # 6.5 s each: past a rank's own deadline
+@pytest.mark.parametrize("hold", [0.0, 10.0], ids=["not held", "held"])
+def test_the_live_rank_waits_past_its_timeout_while_the_lost_one_is_replaced(hold):
+    """timeout=0.5 s; rank 1 is lost before its push of step 2 and fenced at
+    once (the servers hold their waits 10 s), but its replacement starts only
+    after the live rank's own deadline (timeout + grace) has passed. With the
+    run's hold (``replace_hold``) the live rank waits on and both finish; without
+    it the live rank gives up, naming the server it waited for."""
+    with InProcessCluster("dist_sync", 2, 2, timeout=0.5, replace_hold=hold) as c:
+        died, results = threading.Event(), {}
+
+        def loop(kv):
+            kv.init(KEYS, _zeros())
+            for step in kv.steps(4):
+                if (kv.rank, kv.incarnation, step.number) == (1, 0, 2):
+                    kv.flush()
+                    died.set()
+                    raise Died
+                kv.push(KEYS, _zeros())
+                kv.pull(KEYS)
+            results[kv.rank] = step.number
+
+        def live():
+            try:
+                loop(c.ranks[0])
+            except Exception as exc:
+                results["error"] = exc
+
+        def first():
+            with contextlib.suppress(Died):
+                loop(c.ranks[1])
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (live, first)]
+        for t in threads:
+            t.start()
+        assert died.wait(10)
+        again = _replacement(c, 1)  # fences at once: the servers hold 10 s
+        time.sleep(0.5 + GRACE_S + 0.5)  # past the live rank's own deadline
+        if hold:
+            in_threads(lambda: loop(again), timeout=30)
+            threads[0].join(10)
+            assert results == {0: 3, 1: 3}
+        else:
+            threads[0].join(10)
+            assert re.search(r"did not answer (a push|pull) within 5.5 s", str(results["error"]))

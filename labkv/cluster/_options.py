@@ -71,6 +71,10 @@ class StoreSpec:
     replica_members: list = field(default_factory=list)
     #: the run's seed: ``kv.steps``'s generators are seeded by (seed, rank, step)
     seed: int = 0
+    #: how much longer than ``timeout`` a rank waits for a server's answer: the
+    #: servers hold their waits that long while a lost rank is replaced
+    #: (``run``'s ``replace_timeout`` with ``on_rank_loss="replace"``)
+    replace_hold: float = 0.0
 
     @property
     def sync(self) -> bool:

@@ -92,7 +92,8 @@ class DistStore(KVStore):
         # stopped run's servers refuse them, and a lost rank's once it is replaced
         # (see Server.fences); the notebook's store has no prefix.
         prefix = "" if handle is not None else f"{spec.group}/{rank}.{incarnation}/"
-        self._calls = Calls(links, spec.timeout, self._restore_residuals, prefix)
+        waits = spec.timeout + spec.replace_hold  # the servers' own waits may be held
+        self._calls = Calls(links, waits, self._restore_residuals, prefix)
         self._incarnation = incarnation  # a replacement's step loops start where the rank was lost
         resume = functools.partial(resume_step, self._calls, rank) if incarnation else None
         self._steps = StepCounter(rank, spec.seed, resume)

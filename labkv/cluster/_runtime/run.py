@@ -165,7 +165,8 @@ def run(
     was killed or restarted). ``"fail"`` (the default) stops the run and
     raises, naming the rank. ``"replace"`` starts the rank again on a worker
     that runs no rank (a spare, or the lost worker once its nanny has
-    restarted it; waiting at most ``replace_timeout`` seconds for one), at
+    restarted it; waiting at most ``replace_timeout`` seconds for one, and the
+    other ranks' waits last that much longer than ``timeout``), at
     most ``max_restarts`` times per rank, and the run goes on: with the step
     loop (``for step in kv.steps(n)``) the replacement resumes at the step
     its rank was lost in, and a dist_sync run ends bit-identical to an
@@ -260,7 +261,9 @@ def run(
             staleness=staleness,
             replicas=replicas,
         )
-    spec = dataclasses.replace(spec, group=group, seed=int(seed))  # this run's own barrier
+    hold = replace_timeout if on_rank_loss == "replace" else 0.0
+    # this run's own barrier group; its ranks wait for a replacement as the servers do
+    spec = dataclasses.replace(spec, group=group, seed=int(seed), replace_hold=hold)
     rank_workers = workers[:num_workers]
     # The notebook watches the shared store: the ranks stream their own events too.
     watched = shared and kvstore.events.active
