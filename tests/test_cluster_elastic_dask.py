@@ -52,8 +52,10 @@ def train(kv, kills=(), marker=None, pause=0.0, looping=None, before=None):
     push of the step (after sending what it held back, with ``flush``), first
     writing the time to ``marker``; ``looping``: a file made when the step loop
     starts; ``before``: ``(rank, point)``, that rank's first incarnation killed
-    before its ``"init"``, ``"optimizer"`` or ``"barrier"``. The final values,
-    the states, and when this incarnation pushed first."""
+    before its ``"init"``, ``"optimizer"``, ``"barrier"`` or ``"final"`` pull
+    (after sending what it held), or just after it ``"returned"`` (before its
+    result may have reached the scheduler). The final values, the states, the
+    incarnation, and when this incarnation pushed first."""
 
     def killed_before(point):
         if before == (kv.rank, point) and kv.incarnation == 0:
@@ -86,8 +88,11 @@ def train(kv, kills=(), marker=None, pause=0.0, looping=None, before=None):
             kv.push(key, 0.1 * outs[i] + coupling + noise * (kv.rank + 1 + i))
             first_push = first_push or time.time()
         time.sleep(pause)
+    killed_before("final")
     outs = _zeros()
     kv.pull(KEYS, out=outs)
+    if before == (kv.rank, "returned") and kv.incarnation == 0:
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
     return [o.tobytes() for o in outs], kv._optimizer_states(), kv.incarnation, first_push
 
 
@@ -134,20 +139,30 @@ def test_a_rank_killed_at_random_steps_and_points_ends_bit_identical(spare, refe
     assert max(delays) < 30
 
 
-@pytest.mark.parametrize(
-    ("rank", "point"), [(0, "init"), (0, "optimizer"), (0, "barrier"), (1, "barrier")]
-)
-def test_a_rank_killed_before_its_init_optimizer_or_barrier_ends_bit_identical(
+_BEFORE = ["init", "optimizer", "barrier", "final"]
+
+
+@pytest.mark.parametrize(("rank", "point"), [(r, p) for r in (0, 1) for p in _BEFORE])
+def test_a_rank_killed_before_its_init_optimizer_barrier_or_final_pull_ends_bit_identical(
     spare, reference, rank, point
 ):
-    """The calls before the loop are broadcast to every replica: one to a backup
-    on the dead worker must not wait out Dask's connect retries, and a replica
-    seeded after some ranks entered the barrier learns that it passed. (Rank 1
-    lost while rank 0's ``init`` or ``set_optimizer`` is in flight is not here:
-    a replica seeded meanwhile misses that broadcast, see docs/cluster.md.)"""
+    """A barrier is broadcast to every replica: one to a backup on the dead
+    worker must not wait out Dask's connect retries, and a replica seeded after
+    some ranks entered it learns that it passed. init and the optimizer go
+    through the primary's log: a replica seeded while the other rank's are in
+    flight gets them too. Killed before the final pull, a rank's replacement
+    resumes after the last step."""
     got = _run(spare, kwargs={"before": (rank, point)}, replace_timeout=5.0)
     _same(got, reference)
     assert got[rank][2] == 1
+
+
+def test_a_rank_killed_just_after_its_function_returned_ends_bit_identical(spare, reference):
+    """Its result may be lost with its worker before it is gathered: the
+    replacement then runs the function again, every step already done."""
+    got = _run(spare, kwargs={"before": (1, "returned")}, replace_timeout=5.0)
+    _same(got, reference)
+    assert got[1][2] in (0, 1)  # gathered in time, or replaced
 
 
 def test_the_replacement_killed_again_is_replaced_again(reference):
