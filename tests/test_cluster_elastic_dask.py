@@ -397,3 +397,68 @@ def test_async_and_ssp_count_each_push_once_and_keep_the_bound_through_a_replace
     for counts, late in got:
         np.testing.assert_array_equal(counts, [STEPS, STEPS])
         assert late == []
+
+
+def pushing(kv, marker):
+    """Ones pushed to "w" step after step; rank 1's first incarnation writes
+    ``marker`` and SIGKILLs its worker at step 4."""
+    for step in kv.steps(200):
+        if (kv.rank, kv.incarnation, step.number) == (1, 0, 4):
+            kv.flush()
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        kv.push("w", np.ones(4, np.float32))
+        kv.pull("w")
+        time.sleep(0.02)
+
+
+def test_ctrl_c_while_a_rank_is_replaced_stops_every_incarnation(tmp_path):
+    """No spare: the replacement waits for the nanny's restart when Ctrl-C
+    comes. ``run`` raises KeyboardInterrupt at once, nothing writes to the shared
+    store after it (neither the live rank nor a replacement started before
+    the interrupt), and the next run on the store works at once."""
+    handle = _cluster(2)
+    kv = labkv.create("dist_async", cluster=handle, num_servers=2, replicas=2, timeout=20)
+    try:
+        kv.init("w", np.zeros(4, np.float32))
+        kv.set_updater(_counting)
+        marker, sent = tmp_path / "lost", []
+
+        def interrupt():
+            assert wait_until(marker.exists, timeout=30)
+            time.sleep(0.3)  # the watcher is replacing the rank
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+        killer = threading.Thread(target=interrupt)
+        killer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                run(
+                    pushing,
+                    num_workers=2,
+                    kvstore=kv,
+                    on_rank_loss="replace",
+                    kwargs={"marker": str(marker)},
+                )
+        finally:
+            killer.join()
+        assert time.monotonic() - sent[0] < 10  # stopped at once (the lost worker not asked)
+        stopped = kv.peek("w")
+        assert stopped[0] > 0
+        time.sleep(1.5)
+        np.testing.assert_array_equal(kv.peek("w"), stopped)  # nothing writes after
+        handle.client.wait_for_workers(2, timeout=60)
+        start = time.monotonic()
+        for value in run(_push_once_more, num_workers=2, kvstore=kv):
+            np.testing.assert_array_equal(value, stopped + 2)
+        assert time.monotonic() - start < 15
+    finally:
+        kv.close()
+        handle.close()
+
+
+def _push_once_more(kv):
+    kv.push("w", np.ones(4, np.float32))
+    kv.barrier()
+    return kv.pull("w")

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..._interrupts import sigint_held
 from .._errors import ClusterError
 from .._options import StoreSpec
 from .._transport.dask import ActorLink, actor_address
@@ -95,6 +96,7 @@ class Replacer:
         self.max_restarts, self.replace_timeout = max_restarts, replace_timeout
         self.shrink = shrink  # go on without a lost rank instead of replacing it
         self.dropped: list[int] = []
+        self.started: list[tuple[Any, str]] = []  # (future, worker) of each replacement
         self.incarnations: dict[int, int] = {}
         self.lost_at: dict[tuple[int, int], int] = {}  # (rank, step) -> losses there
         self.history: list[dict[str, Any]] = []  # one record per replacement
@@ -122,7 +124,10 @@ class Replacer:
             )
         worker = self._place(rank, lost_worker, busy)
         self.incarnations[rank] = incarnation + 1
-        future = self.submit(rank, incarnation + 1, worker, self._current_spec())
+        spec = self._current_spec()
+        with sigint_held:  # a Ctrl-C now must still find the replacement to stop
+            future = self.submit(rank, incarnation + 1, worker, spec)
+            self.started.append((future, worker))
         record = {
             "worker": worker,
             "lost_worker": lost_worker,

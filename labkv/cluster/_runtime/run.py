@@ -295,9 +295,12 @@ def run(
         if shared:
             kvstore.events.emit(op, None, **fields)
 
+    made: list[Replacer] = []  # the watcher's, whose replacements a Ctrl-C stops too
+
     def replacer(links: list[Any]) -> Replacer:
         limits = (max_restarts, replace_timeout, on_rank_loss == "shrink")
-        return Replacer(spec, servers, links, submit, handle.workers, emit, *limits)
+        made.append(Replacer(spec, servers, links, submit, handle.workers, emit, *limits))
+        return made[-1]
 
     futures = [submit(rank, 0, rank_workers[rank]) for rank in range(num_workers)]
     replace = replacer if on_rank_loss != "fail" else None
@@ -314,7 +317,10 @@ def run(
         raise_if_scheduler_gone(client)
         raise
     except BaseException as exc:  # Ctrl-C: no rank may go on writing to the store
-        _stop_ranks(handle, spec, servers, futures, rank_workers, type(exc).__name__)
+        started = [fw for r in made for fw in r.started]
+        every = [*futures, *(f for f, _ in started)]
+        workers_of = [*rank_workers, *(w for _, w in started)]
+        _stop_ranks(handle, spec, servers, every, workers_of, type(exc).__name__)
         raise
     finally:
         if scheduler_gone(client) is None:  # else nothing is left to release

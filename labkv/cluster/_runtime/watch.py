@@ -79,7 +79,11 @@ def _stop_ranks(
     deadline = time.monotonic() + _STOP_S
     while time.monotonic() < deadline:
         try:
-            running = client.run(_ranks_running, keys, workers=rank_workers, on_error="return")
+            live = set(handle.workers())  # a lost rank's worker has no thread to wait for
+            workers = [w for w in dict.fromkeys(rank_workers) if w in live]
+            if not workers:
+                return
+            running = client.run(_ranks_running, keys, workers=workers, on_error="return")
         except Exception:  # workers gone: their ranks with them
             return
         running = {w: r for w, r in running.items() if not isinstance(r, BaseException)}
