@@ -99,7 +99,8 @@ def train(kv, kills=(), marker=None, pause=0.0, looping=None, before=None):
 def _run(handle, workers=3, num_servers=2, **kw):
     handle.client.wait_for_workers(workers, timeout=60)
     kw.setdefault("on_rank_loss", "replace")
-    opts = dict(num_workers=2, cluster=handle, replicas=2, bigarray_bound=1000)
+    kw.setdefault("replicas", 2)
+    opts = dict(num_workers=2, cluster=handle, bigarray_bound=1000)
     return run(train, timeout=30, num_servers=num_servers, **opts, **kw)
 
 
@@ -240,6 +241,22 @@ def test_a_frozen_rank_declared_lost_and_woken_after_its_replacement_changes_not
             os.kill(pid, signal.SIGCONT)
     _same(got, reference)
     assert got[1][2] == 1
+
+
+def test_the_replacement_killed_during_its_replay_is_replaced_again(reference):
+    """Rank 1 is killed at step 5 before its second push, and its replacement
+    while it replays step 5, after its first push there (already applied: a
+    replay skipped): the third incarnation replays the step once more. The
+    second loss comes a fraction of a second after the first, before a server
+    that lost a replica has a new one: ``replicas=3`` keeps one of each."""
+    handle = _cluster(4)
+    try:
+        kills = [(1, 0, 5, 1, True), (1, 1, 5, 2, True)]
+        got = _run(handle, workers=4, replicas=3, kwargs={"kills": kills})
+        _same(got, reference)
+        assert got[1][2] == 2
+    finally:
+        handle.close()
 
 
 def test_a_step_that_kills_every_replacement_fails_the_run_naming_it(spare):

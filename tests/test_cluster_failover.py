@@ -34,6 +34,19 @@ def test_a_lost_primary_is_failed_over_inside_the_call():
     assert g.heard == [("promoted", "w1"), ("failover", "w0"), ("failover", None)]
 
 
+def test_a_replica_pruned_as_dead_is_named_lost_when_a_later_one_is_promoted():
+    """Three replicas; the scheduler's view drops the second (pruned), then the
+    primary is lost: the third is promoted naming both, as a new primary
+    refuses to take over while a replica before it is not known lost."""
+    g = Group(n=3)
+    primary, _, third = g.replicas
+    g.link.prune({"w0", "w2"})
+    primary.fail["peek"] = [OSError("the connection broke")]
+    assert g.link.call("peek", ["w"]).result(1) == "peek by s0-r2"
+    (lost,) = third.calls[0][1]
+    assert set(lost) == {("w0", "s0-r0"), ("w1", "s0-r1")}
+
+
 def test_a_push_is_not_made_again_the_replay_carries_it():
     g = Group()
     primary, backup = g.replicas

@@ -16,8 +16,7 @@ makes itself again on the new primary: a push not (the replay carried it), a
 pull without the pushes it carried (they were replayed with the others). A
 failed update the rank was already told of (its primary told it, then died
 before its backups learned so) is not raised twice: the call is made again.
-The callers above the seam see a link that fails only when every replica of
-its server is gone.
+Above the seam a link fails only when every replica of its server is gone.
 """
 
 from __future__ import annotations
@@ -331,7 +330,8 @@ class ReplicatedLink(ServerLink):
         self.epoch, self.stale = epoch, False
 
     def prune(self, live: set[str]) -> None:
-        """Forget the replicas on workers not in ``live``."""
+        """Forget the replicas on workers not in ``live`` (gone: a promote names them)."""
+        self.gone.extend(m for m in self.members if m.address not in live and m not in self.gone)
         self.members = [m for m in self.members if m.address in live]
 
     def short(self) -> bool:
