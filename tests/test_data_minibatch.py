@@ -249,3 +249,32 @@ def test_dropping_an_unfinished_epoch_stops_its_thread(data):
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle,window", [(False, None), (True, None), (True, 2)])
+def test_the_minibatch_of_a_step_is_the_one_the_epochs_give(shuffle, window, drop_last):
+    """``minibatch_at(n)`` read alone equals the n-th minibatch of the epochs
+    read in order (samples, ids, padding, epoch, step), on every rank, across
+    epochs: what a replayed step reads."""
+    data = {"x": np.arange(23 * 2).reshape(23, 2), "y": np.arange(23)}
+    for rank in range(3):
+        kw = dict(batch_size=3, shuffle=shuffle, window=window, seed=5, rank=rank)
+        src = MinibatchSource(
+            data, num_workers=3, drop_last=drop_last, prefetch=0, chunk_size=4, **kw
+        )
+        epochs = [mb for _ in range(3) for mb in src]
+        for n, want in enumerate(epochs):
+            got = src.minibatch_at(n)
+            for name in ("x", "y"):
+                np.testing.assert_array_equal(got[name], want[name])
+            np.testing.assert_array_equal(got.indices, want.indices)
+            np.testing.assert_array_equal(got.padding, want.padding)
+            assert (got.epoch, got.step, got.sweep_end) == (want.epoch, want.step, want.sweep_end)
+
+
+def test_a_step_that_is_not_a_count_is_refused():
+    src = MinibatchSource({"y": np.arange(8)}, batch_size=2, prefetch=0)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="step must be a non-negative int"):
+            src.minibatch_at(bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 import os
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -243,6 +244,24 @@ class MinibatchSource:
         if self.prefetch == 0:
             return produce()
         return Prefetcher(produce, depth=self.prefetch)
+
+    def minibatch_at(self, step: int) -> Minibatch:
+        """This rank's minibatch of ``step`` (counted over epochs: epoch
+        ``step // len(self)``, its ``step % len(self)``-th), the one a ``for``
+        loop over that epoch gives, read on its own. For a step loop whose
+        steps a lost rank's replacement replays (``for step in kv.steps(n)``:
+        ``src.minibatch_at(step.number)``).
+
+        >>> import numpy as np
+        >>> src = MinibatchSource({'y': np.arange(10)}, batch_size=4, seed=1, prefetch=0)
+        >>> epochs = [mb['y'].tolist() for mb in src] + [mb['y'].tolist() for mb in src]
+        >>> [src.minibatch_at(n)['y'].tolist() for n in range(6)] == epochs
+        True
+        """
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        epoch, index = divmod(int(step), len(self))
+        return finish(self._reader.at(self.order(epoch), index), self.to_device)
 
     def next_minibatch(self, n: int | None = None) -> Minibatch:
         """The next ``n`` samples (default ``batch_size``) of this rank's endless

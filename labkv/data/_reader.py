@@ -93,6 +93,19 @@ class Reader:
                     pending = [concat(pending, step)]
         assert step == p.steps and have == 0, (step, have)
 
+    def at(self, order: EpochOrder, step: int) -> Minibatch:
+        """This rank's ``step``-th minibatch of one epoch, as :meth:`epoch` yields
+        it, read on its own (only its samples' chunks)."""
+        p, batch = self.partition, self.partition.batch_size
+        positions, padding = p.positions(self.rank)
+        window = slice(step * batch, (step + 1) * batch)
+        pos, pad = positions[window], padding[window]
+        runs = np.split(pos, np.flatnonzero(np.diff(pos) != 1) + 1)  # the order wraps once
+        ids = np.concatenate([order.ids(int(r[0]), int(r[-1]) + 1) for r in runs])
+        mb = concat([Minibatch(self.gather(ids), ids, pad, order.epoch)], step)
+        mb.sweep_end = step == p.steps - 1
+        return mb
+
     def stream(self, epochs: Iterator[EpochOrder]) -> Iterator[Minibatch]:
         """Minibatches of epoch after epoch."""
         for order in epochs:
