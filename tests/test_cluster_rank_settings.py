@@ -196,6 +196,7 @@ def _late_owner_init(kv):
         kv.init(0, _zeros())  # the owner's value is the one used
     returned = time.time()
     first = kv.pull(0)
+    kv.barrier()  # dist_async and dist_ssp: no push before every rank read its init
     kv.set_updater(_add)
     kv.push(0, _grad(kv.rank))
     kv.barrier()
