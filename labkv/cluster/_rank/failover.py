@@ -51,16 +51,7 @@ class Call:
     and makes the call again (see module doc); ``acknowledge``: the reply is
     ``(acked, epoch, payload)`` (a tracked held push's future has none)."""
 
-    __slots__ = (
-        "acknowledge",
-        "args",
-        "backups",
-        "generation",
-        "inner",
-        "link",
-        "method",
-        "others",
-    )
+    __slots__ = ("acknowledge", "args", "generation", "inner", "link", "method", "others")
 
     def __init__(
         self,

@@ -5,9 +5,9 @@ While the ranks run, the launcher looks at the cluster's workers
 worker (its ``remove-worker`` event, :class:`_Wakeup`), and every ``_POLL_S``
 in any case: a rank that failed, or a lost worker hosting a rank or a server
 fails the run at once (or has the rank replaced, ``on_rank_loss="replace"``,
-or dropped, ``"shrink"``: its result is None; see :mod:`.elastic`). Stopping (:func:`_stop_ranks`, :func:`_abort`) bars the
-run's senders on every server, so that a stopped rank's later calls are
-refused, and cancels the rank tasks.
+or dropped, ``"shrink"``: its result is None; see :mod:`.elastic`). Stopping
+(:func:`_stop_ranks`, :func:`_abort`) bars the run's senders on every server,
+so that a stopped rank's later calls are refused, and cancels the rank tasks.
 """
 
 from __future__ import annotations

@@ -195,6 +195,13 @@ class Fences:
             self.barred = (*self.barred, prefix)
             self.why[prefix] = why
 
+    def snapshot(self) -> tuple[tuple[str, ...], dict[str, str]]:
+        """What a new replica takes: the prefixes barred and why."""
+        return self.barred, dict(self.why)
+
+    def restore(self, snap: tuple[tuple[str, ...], dict[str, str]]) -> None:
+        self.barred, self.why = tuple(snap[0]), dict(snap[1])
+
     def check(self, sender: str, rank: int | None) -> None:
         """Raise what a refused sender (rank ``rank``) gets."""
         if self.barred and sender.startswith(self.barred):

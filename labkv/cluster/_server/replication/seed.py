@@ -89,7 +89,8 @@ class ServerSnapshot:
     mode: ClocksSnapshot | None
     steps: StepsSnapshot
     barriers: tuple[dict, dict, dict]
-    fences: tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]  # + senders dropped
+    fences: tuple[tuple[str, ...], dict[str, str]]
+    dropped: tuple[str, ...]  # the senders sliced updates go on without
 
 
 class Seeding:
@@ -133,7 +134,8 @@ class Seeding:
             mode=self.mode.snapshot(),
             steps=self.marks.snapshot(),
             barriers=self.barriers.snapshot(),
-            fences=(self.fences.barred, dict(self.fences.why), self.updates.gone),
+            fences=self.fences.snapshot(),
+            dropped=self.updates.gone,
         )
 
     def restore(self, snap: ServerSnapshot) -> None:
@@ -148,8 +150,8 @@ class Seeding:
         self.mode.restore(snap.mode)
         self.marks.restore(snap.steps, self.device)
         self.barriers.restore(snap.barriers)
-        self.fences.barred, why, self.updates.gone = snap.fences
-        self.fences.why = dict(why)
+        self.fences.restore(snap.fences)
+        self.updates.gone = tuple(snap.dropped)
 
     async def seed(self, peer: tuple[str, str]) -> None:
         """Send this replica's whole state to ``peer``: every update issued
