@@ -20,6 +20,7 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError, connect, run
+from labkv.cluster._runtime.watch import _result_of
 from tests._waiting import wait_until
 
 pytestmark = pytest.mark.slow  # real LocalClusters whose workers are killed
@@ -53,7 +54,8 @@ def train(kv, kills=(), marker=None, pause=0.0, looping=None, before=None):
     writing the time to ``marker``; ``looping``: a file made when the step loop
     starts; ``before``: ``(rank, point)``, that rank's first incarnation killed
     before its ``"init"``, ``"optimizer"``, ``"barrier"`` or ``"final"`` pull
-    (after sending what it held). The final values, the states, the
+    (after sending what it held), or just after it ``"returned"`` (before its
+    result may have reached the scheduler). The final values, the states, the
     incarnation, and when this incarnation pushed first."""
 
     def killed_before(point):
@@ -90,6 +92,8 @@ def train(kv, kills=(), marker=None, pause=0.0, looping=None, before=None):
     killed_before("final")
     outs = _zeros()
     kv.pull(KEYS, out=outs)
+    if before == (kv.rank, "returned") and kv.incarnation == 0:
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
     return [o.tobytes() for o in outs], kv._optimizer_states(), kv.incarnation, first_push
 
 
@@ -153,6 +157,35 @@ def test_a_rank_killed_before_its_init_optimizer_barrier_or_final_pull_ends_bit_
     got = _run(spare, kwargs={"before": (rank, point)}, replace_timeout=5.0)
     _same(got, reference)
     assert got[rank][2] == 1
+
+
+def test_a_rank_killed_just_after_its_function_returned_ends_bit_identical(spare, reference):
+    """Its result may be lost with its worker before it is gathered: the
+    replacement then runs the function again, every step already done."""
+    got = _run(spare, kwargs={"before": (1, "returned")}, replace_timeout=5.0)
+    _same(got, reference)
+    assert got[1][2] in (0, 1)  # gathered in time, or replaced
+
+
+def test_a_finished_rank_whose_worker_died_before_its_result_was_gathered_is_lost(spare):
+    """The result lived on the dead worker and the task, pinned to it, is never
+    computed again: the watcher's look at it ends (``Future.result()`` alone
+    would wait forever) and the rank counts as lost; a live worker's result is
+    gathered."""
+    client = spare.client
+    doomed, kept = spare.workers()[:2]
+    futures = {
+        w: client.submit(os.getpid, workers=[w], allow_other_workers=False, pure=False)
+        for w in (doomed, kept)
+    }
+    wait_until(lambda: all(f.status == "finished" for f in futures.values()), timeout=30)
+    pids = client.run(os.getpid, workers=[doomed, kept])
+    os.kill(pids[doomed], signal.SIGKILL)
+    wait_until(lambda: futures[doomed].status == "lost", timeout=30)
+    began = time.monotonic()
+    assert _result_of(futures[doomed], lambda: doomed in spare.workers()) == (False, None)
+    assert time.monotonic() - began < 5
+    assert _result_of(futures[kept], lambda: kept in spare.workers()) == (True, pids[kept])
 
 
 def test_the_replacement_killed_again_is_replaced_again(reference):

@@ -30,6 +30,9 @@ from .links import replicated_links
 from .reseed import heal
 
 _POLL_S = 0.25
+# How long one look at a finished rank's result waits before asking whether the
+# worker holding it is still alive.
+_RESULT_WAIT_S = 1.0
 # How long an interrupted run waits for its ranks' threads to end (their next call
 # to a server fails; a rank busy computing ends at its next call, later).
 _STOP_S = 10.0
@@ -90,6 +93,19 @@ def _stop_ranks(
         if not any(running.values()):
             return
         time.sleep(_POLL_S)
+
+
+def _result_of(future: Any, alive: Callable[[], bool]) -> tuple[bool, Any]:
+    """``(True, result)`` of a finished rank's ``future``, or ``(False, None)``
+    when its worker died before the result reached this process. The result
+    lives on that worker until gathered: lost with it, a task pinned to the dead
+    worker is never computed again, and ``Future.result()`` would wait forever."""
+    while True:
+        try:
+            return True, future.result(timeout=_RESULT_WAIT_S)
+        except distributed.TimeoutError:
+            if not alive():
+                return False, None
 
 
 class _Wakeup:
@@ -209,7 +225,11 @@ def _watch(
             raise_if_scheduler_gone(client)
             for rank, future in enumerate(futures):
                 if rank not in results and future.status == "finished":
-                    results[rank] = future.result()
+                    gathered, result = _result_of(
+                        future, lambda w=rank_workers[rank]: w in handle.workers()
+                    )
+                    if gathered:  # if not, the lost worker's rank is handled below
+                        results[rank] = result
             if len(results) == len(futures):
                 return [results[r] for r in range(len(futures))]
             failed = [
