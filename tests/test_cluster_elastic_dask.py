@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # real LocalClusters whose workers are killed
 
 KEYS = ["w", "b", "big"]  # "big" is sliced over both servers
 SIZES = {"w": 6, "b": 3, "big": 1500}
-STEPS = 16
+STEPS = 40
 
 
 def _cluster(n):
