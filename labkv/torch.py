@@ -1,0 +1,340 @@
+"""PyTorch on labkv's stores: a ``torch.optim`` optimizer whose gradients go
+through a parameter server (Horovod's and BytePS's ``DistributedOptimizer``
+shape, with MXNet's ``update_on_kvstore``), and broadcasts of rank 0's values.
+
+Importing :mod:`labkv` never imports torch; this module does. Keys are the
+parameters' names, so the monitor shows a torch run like any other. Tensors
+travel without a copy where memory allows (numpy views of CPU tensors, CuPy
+views of CUDA ones through DLPack); float16 and bfloat16 travel and are stored
+as float32 (see :mod:`labkv._torch_tensors`). With ``update_on_kvstore=True``
+the servers run labkv's (MXNet's) SGD, NAG or Adam: where their numbers differ
+from torch's, and what is refused, is in :mod:`labkv._torch_optim`.
+
+>>> import torch, labkv, labkv.torch as lkt
+>>> _ = torch.manual_seed(0)
+>>> model = torch.nn.Linear(3, 1)
+>>> kv = labkv.create("local")
+>>> opt = lkt.DistributedOptimizer(
+...     torch.optim.SGD(model.parameters(), lr=0.1), kv, named_parameters=model.named_parameters()
+... )
+>>> kv.keys()
+['weight', 'bias']
+>>> for _ in range(3):
+...     opt.zero_grad()
+...     model(torch.ones(4, 3)).pow(2).mean().backward()
+...     opt.step()
+>>> bool(model(torch.ones(1, 3)).abs() < 0.5)
+True
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._torch_keys import (
+    Named,
+    check_keys,
+    check_unclaimed,
+    claim,
+    init_and_pull,
+    mark_gradients,
+    named_tensors,
+    param_names,
+)
+from ._torch_optim import hyperparameters, server_optimizer
+from ._torch_state import broadcast_state
+from ._torch_tensors import pull_into, store_array
+from ._types import ASYNC_KINDS, SSP_KINDS, store_kind
+from .compression import GradientCompression
+
+__all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
+
+
+def broadcast_parameters(model_or_state_dict: Any, kvstore: Any) -> None:
+    """Give every rank rank 0's values of a module's ``state_dict()`` (parameters
+    and buffers), a state dict, or ``(name, tensor)`` pairs (``named_parameters()``),
+    written into each rank's tensors in place. Keys are the names: a name not in
+    the store yet is initialised (on a dist store the owner's values win, MXNet's
+    rule: rank 0 of a run), then every rank pulls it; a name in the store already
+    (a DistributedOptimizer's weights) is pulled as it is.
+
+    >>> import torch, labkv
+    >>> model = torch.nn.Linear(2, 1)
+    >>> kv = labkv.create()
+    >>> broadcast_parameters(model, kv)
+    >>> kv.keys()
+    ['weight', 'bias']
+    """
+    items = named_tensors(model_or_state_dict)
+    names, tensors = [n for n, _ in items], [t for _, t in items]
+    check_keys(kvstore, names, tensors, "broadcast_parameters")
+    init_and_pull(kvstore, names, tensors)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, kvstore: Any) -> None:
+    """Load rank 0's torch optimizer state (its per-parameter tensors and values,
+    and its param groups' options) on every rank, e.g. after rank 0 alone read a
+    checkpoint. Every rank calls it; rank 0's state travels under fresh keys
+    ``optimizer_state.<n>/...``. With ``update_on_kvstore=True`` the state lives
+    on the servers, one copy for all ranks, and there is nothing to do.
+
+    >>> import torch, labkv
+    >>> w = torch.nn.Parameter(torch.ones(2))
+    >>> opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    >>> w.grad = torch.ones(2); opt.step()
+    >>> kv = labkv.create()
+    >>> broadcast_optimizer_state(opt, kv)
+    >>> opt.state[w]["momentum_buffer"]
+    tensor([1., 1.])
+    """
+    if isinstance(optimizer, DistributedOptimizer):
+        if optimizer.update_on_kvstore:
+            return
+        optimizer = optimizer._optimizer
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"expected a torch.optim optimizer, got {type(optimizer).__name__}")
+    broadcast_state(optimizer, kvstore)
+
+
+def _hooked_by(p: torch.Tensor) -> DistributedOptimizer | None:
+    for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
+        owner = getattr(getattr(hook, "func", None), "__self__", None)
+        if isinstance(owner, DistributedOptimizer):
+            return owner
+    return None
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """``optimizer`` (a ``torch.optim`` optimizer) training through ``kvstore``.
+
+    - ``update_on_kvstore=False``: as each parameter's gradient is ready (a
+      ``register_post_accumulate_grad_hook``, so communication overlaps the rest
+      of the backward pass) it is pushed; ``step()`` pulls the sum of the ranks'
+      gradients into ``p.grad``, divides it by ``kvstore.num_workers`` and runs
+      ``optimizer.step()`` on every rank. Needs a store that sums the ranks'
+      pushes (``local``, ``device``, ``dist_sync``, ``dist_device_sync``);
+      dist_async and dist_ssp apply each push alone and are refused, as MXNet's
+      Trainer refuses them.
+    - ``update_on_kvstore=True``: the servers run ``optimizer``'s step (SGD with
+      momentum, weight decay or Nesterov, and Adam, translated with the same
+      hyper-parameters; see :mod:`labkv._torch_optim` for where the formulas
+      differ and what is refused), the ranks push gradients and ``step()`` pulls
+      the weights into the parameters. Every param group must have the same
+      hyper-parameters, and they must not change afterwards (a torch lr
+      scheduler is followed with ``update_on_kvstore=False`` only).
+
+    Keys are ``named_parameters``' names (the pairs ``model.named_parameters()``
+    gives), else the ``param_names`` of an optimizer made from named
+    parameters, else ``"param.<i>"``, ``i`` counting the optimizer's parameters
+    over its param groups as its ``state_dict`` does. Each key is initialised
+    with rank 0's value and pulled into every rank's parameter here, so all
+    ranks start alike (frozen parameters and buffers: :func:`broadcast_parameters`).
+    Frozen parameters (``requires_grad=False``) get no key; a parameter whose
+    gradient is ``None`` at ``step()`` is skipped, as torch skips it (on
+    dist_sync every rank must skip the same ones, or the others wait for its
+    push). ``compression`` goes to ``kvstore.set_gradient_compression``.
+    With ``backward_passes_per_step=N`` a gradient is pushed after its N-th
+    backward pass (torch sums the passes); ``step()`` pushes what is left.
+
+    >>> import torch, labkv
+    >>> w = torch.nn.Parameter(torch.ones(2))
+    >>> opt = DistributedOptimizer(torch.optim.SGD([w], lr=0.5), labkv.create(), update_on_kvstore=True)
+    >>> (w * w).sum().backward(); opt.step()
+    >>> w
+    Parameter containing:
+    tensor([0., 0.], requires_grad=True)
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        kvstore: Any,
+        named_parameters: Named | None = None,
+        update_on_kvstore: bool = False,
+        compression: dict[str, Any] | None = None,
+        backward_passes_per_step: int = 1,
+    ):
+        if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(
+            optimizer, DistributedOptimizer
+        ):
+            raise TypeError(f"expected a torch.optim optimizer, got {type(optimizer).__name__}")
+        passes = backward_passes_per_step
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
+        kind = store_kind(kvstore.type)
+        update_on_kvstore = bool(update_on_kvstore)
+        if not update_on_kvstore and kind in ASYNC_KINDS + SSP_KINDS:
+            raise ValueError(
+                f"update_on_kvstore=False averages the ranks' gradients through the store, which "
+                f"a {kvstore.type!r} store does not do: it applies each push alone (with no "
+                "optimizer, each push replaces the value); use update_on_kvstore=True"
+            )
+        server = (
+            server_optimizer(optimizer, kind, kvstore.num_workers) if update_on_kvstore else None
+        )
+        if compression is not None:
+            GradientCompression.from_params(compression)  # refuses bad settings now
+        if kvstore._optimizer is not None or kvstore._updater is not None:
+            raise ValueError(
+                "the store already runs an optimizer or updater: a DistributedOptimizer needs "
+                "a store of its own (update_on_kvstore=False sums gradients with none)"
+            )
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        trained = [
+            (n, p)
+            for n, p in zip(param_names(optimizer, named_parameters), params)
+            if p.requires_grad
+        ]
+        for name, p in trained:
+            if _hooked_by(p) is not None:
+                raise ValueError(
+                    f"parameter {name!r} already pushes for another DistributedOptimizer: "
+                    "call remove_hooks() on that one first"
+                )
+        names, tensors = [n for n, _ in trained], [p for _, p in trained]
+        check_keys(kvstore, names, tensors, "a DistributedOptimizer over them")
+        check_unclaimed(kvstore, names)
+        # Nothing has changed so far; from here on the store and the parameters do.
+        state = {"defaults": optimizer.defaults, "state": optimizer.state}
+        self.__setstate__({**state, "param_groups": optimizer.param_groups})  # torch's own restore
+        self._optimizer, self._kvstore = optimizer, kvstore
+        self._update_on_kvstore = update_on_kvstore
+        self._trained, self._passes_per_step, self._num_params = trained, passes, len(params)
+        self._hyper = hyperparameters(optimizer) if update_on_kvstore else None
+        self._passes: dict[str, int] = {}
+        self._pushed: dict[str, torch.Tensor] = {}
+        init_and_pull(kvstore, names, tensors)
+        if compression is not None:
+            kvstore.set_gradient_compression(compression)
+        if server is not None:
+            kvstore.set_optimizer(server)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in trained]
+        claim(kvstore, names)
+
+    def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
+        return functools.partial(self._on_grad, name)
+
+    # -- what it is ------------------------------------------------------------------
+    @property
+    def kvstore(self) -> Any:
+        """The store the gradients go through."""
+        return self._kvstore
+
+    @property
+    def update_on_kvstore(self) -> bool:
+        """Whether the servers run the optimizer (else the torch optimizer steps on every rank)."""
+        return self._update_on_kvstore
+
+    @property
+    def names(self) -> list[str]:
+        """The keys of the trained parameters, in the param groups' order."""
+        return [n for n, _ in self._trained]
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedOptimizer({type(self._optimizer).__name__}, kvstore={self._kvstore.type!r}, "
+            f"update_on_kvstore={self._update_on_kvstore}, keys={len(self._trained)})"
+        )
+
+    # -- pushing as gradients are ready, pulling in step -----------------------------------
+    def _on_grad(self, name: str, p: torch.Tensor) -> None:
+        if not self._passes:  # the first gradient since the last step: before anything is pushed
+            self._check_unchanged()
+        count = self._passes.get(name, 0) + 1
+        if count > self._passes_per_step:
+            raise RuntimeError(
+                f"{name!r} has gradients from {count} backward passes since the last step(), "
+                f"more than backward_passes_per_step={self._passes_per_step}: call step() "
+                "after that many, or raise it"
+            )
+        self._passes[name] = count
+        if count == self._passes_per_step:
+            self._push(name, p)
+
+    def _push(self, name: str, p: torch.Tensor) -> None:
+        self._kvstore.push(name, store_array(p.grad, name))
+        self._pushed[name] = p
+        if not self._update_on_kvstore:
+            mark_gradients(self._kvstore, name)
+
+    def _check_unchanged(self) -> None:
+        if sum(len(g["params"]) for g in self.param_groups) != self._num_params:
+            raise RuntimeError(
+                "the optimizer's param groups changed after the DistributedOptimizer was made: "
+                "make a new one (after remove_hooks() on this one)"
+            )
+        if self._hyper is not None:
+            now = hyperparameters(self._optimizer)
+            for i, (was, is_) in enumerate(zip(self._hyper, now, strict=True)):
+                for option in was:
+                    if was[option] != is_[option]:
+                        raise RuntimeError(
+                            f"param group {i}'s {option} changed from {was[option]!r} to "
+                            f"{is_[option]!r} (a torch lr scheduler?): with update_on_kvstore=True "
+                            "the servers keep the hyper-parameters they were given; use "
+                            "update_on_kvstore=False to follow changes"
+                        )
+
+    def synchronize(self) -> None:
+        """Push the gradients not pushed yet and wait for the results: the ranks'
+        averaged gradients in ``p.grad`` (``update_on_kvstore=False``), or the
+        servers' weights in the parameters. ``step()`` calls it."""
+        self._check_unchanged()
+        for name, p in self._trained:
+            if p.grad is not None and name not in self._pushed:
+                self._push(name, p)
+        pushed = [(n, p) for n, p in self._pushed.items() if p.grad is not None]
+        self._pushed, self._passes = {}, {}
+        names = [n for n, _ in pushed]
+        if self._update_on_kvstore:
+            pull_into(self._kvstore, names, [p for _, p in pushed])
+        else:
+            divide = self._kvstore.num_workers
+            pull_into(self._kvstore, names, [p.grad for _, p in pushed], divide=divide)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Synchronise (see :meth:`synchronize`), then, with ``update_on_kvstore=False``,
+        run the torch optimizer's step; ``closure`` (re-evaluating the loss) runs
+        first and its loss is returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.synchronize()
+        if not self._update_on_kvstore:
+            self._optimizer.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The torch optimizer's ``zero_grad``; gradient accumulation starts again."""
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+        self._passes, self._pushed = {}, {}
+
+    def remove_hooks(self) -> None:
+        """Stop pushing gradients from the backward pass (the parameters' hooks go)
+        and free the keys for another DistributedOptimizer."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        claim(self._kvstore, self.names, claimed=False)
+
+    # -- the torch optimizer's state and groups ------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The torch optimizer's ``state_dict`` (with ``update_on_kvstore=True`` the
+        state lives on the servers: ``kvstore.save_optimizer_states``)."""
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The torch optimizer's ``load_state_dict``."""
+        self._optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Refused: add the group to the torch optimizer before wrapping it."""
+        raise NotImplementedError(
+            "a DistributedOptimizer keeps the parameters it was made with: add the group to "
+            "the torch optimizer, then make a new DistributedOptimizer (after remove_hooks())"
+        )
