@@ -134,7 +134,7 @@ WRONG = {
     "solutions/06_1.py": "answer1 = (32, 31)  # the ranks forgotten",
     "solutions/06_2.py": "answer2 = (200, 200)  # every rank reads only its share",
     "solutions/07_1.py": "answer1 = (2 * 21 * 19240, 2 * 23 * 19240)  # the padded step forgotten",
-    "solutions/07_2.py": "answer2 = -0.4  # as if the buffer were zeroed",
+    "solutions/07_2.py": "answer2 = (3, 3)  # the alias forgotten",
     "solutions/08_1.py": "answer1 = float((after_resume[1] - checkpoint[1])[0])  # with momentum",
     "solutions/09_1.py": "answer1 = [1, 2]  # the round-robin starts at the other worker",
 }
