@@ -14,6 +14,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -97,12 +98,15 @@ def train(kv, kills=(), marker=None, pause=0.0, looping=None, before=None):
     return [o.tobytes() for o in outs], kv._optimizer_states(), kv.incarnation, first_push
 
 
-def _run(handle, workers=3, num_servers=2, **kw):
+def _run(handle, workers=3, num_servers=2, fn=train, **kw):
+    """``fn`` run by 2 ranks; a replay that pushed other bits (a warning) fails it."""
     handle.client.wait_for_workers(workers, timeout=60)
     kw.setdefault("on_rank_loss", "replace")
     kw.setdefault("replicas", 2)
     opts = dict(num_workers=2, cluster=handle, bigarray_bound=1000)
-    return run(train, timeout=30, num_servers=num_servers, **opts, **kw)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "the replacement of rank", RuntimeWarning)
+        return run(fn, timeout=30, num_servers=num_servers, **opts, **kw)
 
 
 def _same(got, want):
@@ -186,6 +190,47 @@ def test_a_finished_rank_whose_worker_died_before_its_result_was_gathered_is_los
     assert _result_of(futures[doomed], lambda: doomed in spare.workers()) == (False, None)
     assert time.monotonic() - began < 5
     assert _result_of(futures[kept], lambda: kept in spare.workers()) == (True, pids[kept])
+
+
+def differing(kv, marker):
+    """Rank 1 pushes "w" of step 2 and is killed before "b", while rank 0 waits
+    until the replacement has replayed the step (``marker``): the round of "w"
+    still waits, and the replay pushes other bits (they depend on the incarnation)."""
+    kv.init(["w", "b"], [np.zeros(4, np.float32)] * 2)
+    seen = []
+    for step in kv.steps(4):
+        if (kv.rank, step.index) == (0, 2):
+            wait_until(lambda: os.path.exists(marker), timeout=30)
+        kv.push("w", np.full(4, 1.0 + kv.incarnation, np.float32))
+        if (kv.rank, step.index, kv.incarnation) == (1, 2, 0):
+            kv.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        kv.push("b", np.ones(4, np.float32))
+        if (kv.rank, step.index, kv.incarnation) == (1, 2, 1):
+            kv.flush()
+            open(marker, "w").close()
+        seen.append(float(kv.pull("w")[0]))
+    return seen
+
+
+def test_a_replay_that_pushed_other_bits_is_reported_by_run(spare, tmp_path):
+    """The servers keep the first push and count the mismatch; run warns, naming
+    the rank, once every rank is done."""
+    with pytest.warns(RuntimeWarning, match=r"rank\(s\) \[1\] pushed other bits .* 1 replayed"):
+        got = run(
+            differing,
+            num_workers=2,
+            cluster=spare,
+            num_servers=1,
+            replicas=2,
+            on_rank_loss="replace",
+            timeout=30,
+            kwargs={"marker": str(tmp_path / "replayed")},
+        )
+    # Each round's sum is the value (no updater), and a step's pull reads it as of
+    # the step's start: step 3 reads round 2, which kept rank 1's first push (1.0),
+    # not its replay's (2.0: the sum would be 3).
+    assert got[0] == [0.0, 2.0, 2.0, 2.0]
 
 
 def test_the_replacement_killed_again_is_replaced_again(reference):

@@ -169,16 +169,8 @@ class Replacer:
         (``run``: for good, the servers go on without it); the step it resumes
         at (None: it pushed nothing in a step loop)."""
         prefix = f"{self.spec.group}/{rank}.{incarnation}/"
-        args = (prefix, rank, self.replace_timeout, run)
-        if self.links:
-            calls = [link.call("fence", *args) for link in self.links]
-        else:
-            calls = []
-            for s, actor in enumerate(self.servers):
-                address = actor_address(actor) or self.spec.server_addresses[s]
-                calls.append(ActorLink(s, address, actor).call("fence", *args))
         steps = []
-        for call in calls:
+        for call in self._on_every_server("fence", prefix, rank, self.replace_timeout, run):
             try:
                 steps.append(call.result(timeout=self.spec.timeout))
             except Exception as exc:
@@ -188,6 +180,23 @@ class Replacer:
                 ) from exc
         found = [s for s in steps if s is not None]
         return min(found) if found else None
+
+    def replay_mismatches(self) -> int:
+        """How many replayed pushes the servers found other bits in than the lost
+        incarnation's push of the same (key, rank, step) (the step does not compute
+        the same on the replacement: the run is not bit-identical)."""
+        loads = [call.result(timeout=self.spec.timeout) for call in self._on_every_server("load")]
+        return sum(load["replay_mismatches"] for load in loads)
+
+    def _on_every_server(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method`` on every server (its primary, with replicas)."""
+        if self.links:
+            return [link.call(method, *args) for link in self.links]
+        calls = []
+        for s, actor in enumerate(self.servers):
+            address = actor_address(actor) or self.spec.server_addresses[s]
+            calls.append(ActorLink(s, address, actor).call(method, *args))
+        return calls
 
     def _place(self, rank: int, lost_worker: str, busy: set[str]) -> str:
         """A live worker that runs no rank, waiting for one to join (a nanny's

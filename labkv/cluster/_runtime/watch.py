@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +107,26 @@ def _result_of(future: Any, alive: Callable[[], bool]) -> tuple[bool, Any]:
         except distributed.TimeoutError:
             if not alive():
                 return False, None
+
+
+def _warn_if_replays_differed(replace: Replacer) -> None:
+    """A replaced rank whose replayed steps pushed other bits: say so (the run
+    goes on with the first pushes, but is not bit-identical to an undisturbed one)."""
+    try:
+        mismatches = replace.replay_mismatches()
+    except Exception:  # a server lost at the very end: nothing to report from it
+        return
+    if mismatches:
+        ranks = sorted({record["rank"] for record in replace.history})
+        warnings.warn(
+            f"the replacement of rank(s) {ranks} pushed other bits than the lost "
+            f"incarnation for {mismatches} replayed (key, rank, step) push(es): its "
+            "step does not compute the same on the replacement (randomness not from "
+            "step.rng, state kept across steps, another device), so the run is not "
+            "bit-identical to an undisturbed one (the first pushes were kept)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 class _Wakeup:
@@ -231,6 +252,8 @@ def _watch(
                     if gathered:  # if not, the lost worker's rank is handled below
                         results[rank] = result
             if len(results) == len(futures):
+                if replace is not None and replace.history:
+                    _warn_if_replays_differed(replace)
                 return [results[r] for r in range(len(futures))]
             failed = [
                 r
