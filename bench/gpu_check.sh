@@ -3,7 +3,11 @@
 # through the device and local stores, home-GPU assignment with the optimizer states, host
 # copies into 0-d and strided GPU arrays, event summaries on the values' GPU, compression's
 # pack helpers, float16 summaries and epsilons, dist_sync servers keeping their values on the
-# workers' GPUs, compressed CuPy pushes travelling packed to them), a 2-worker GPU cluster as users start one (bench/gpu_cluster.py: dask-cuda's
+# workers' GPUs, compressed CuPy pushes travelling packed to them), labkv.torch's CUDA path
+# (bench/torch_gpu.py: a model.cuda() MLP trained through local and device stores, its
+# parameters staying on the GPU and matching plain torch; skipped, saying so, where torch
+# is missing or has no CUDA: '.[test]' brings it, PyPI's Linux wheel being the CUDA build,
+# but .whl/ does not), a 2-worker GPU cluster as users start one (bench/gpu_cluster.py: dask-cuda's
 # LocalCUDACluster when dask_cuda is installed, else workers pinned by CUDA_VISIBLE_DEVICES),
 # the local-store benchmark with CuPy arrays against CuPy's own sum as the bound,
 # dist_sync with CuPy pushes to host vs GPU servers, and what replicas=2 costs on a machine
@@ -69,6 +73,7 @@ step 30 python3 -c "import dask, distributed; print('dask', dask.__version__)"
 report=$(mktemp --suffix=.xml)
 step 170 python3 -m pytest -q -m gpu tests/test_gpu.py -rs -p no:cacheprovider --junitxml="$report"
 step 20 python3 bench/gpu_required.py "$report"
+step 90 python3 bench/torch_gpu.py
 step 90 python3 bench/gpu_cluster.py
 step 60 python3 bench/local.py --gpu --quick
 step 90 python3 bench/dist_gpu.py --quick

@@ -1,6 +1,7 @@
 """What every optimizer of :mod:`labkv.optimizers` shares: the :class:`Optimizer`
-base class (learning rate or scheduler, weight decay, gradient rescaling and
-clipping, per-key update counts, config round trip), the registry of names
+base class (learning rate or scheduler, weight decay, per-key multipliers of
+both, gradient rescaling and clipping, per-key update counts, config round
+trip), the registry of names
 (:func:`register`, :func:`create`), and the helpers the update formulas use.
 The public names are imported from :mod:`labkv.optimizers`."""
 
@@ -23,8 +24,9 @@ def register(cls: type[Optimizer]) -> type[Optimizer]:
 
 
 class Optimizer:
-    """Base class: learning rate (or scheduler), weight decay, gradient
-    rescaling and clipping, and per-key update counts."""
+    """Base class: learning rate (or scheduler), weight decay, their per-key
+    multipliers (:meth:`set_lr_mult`, :meth:`set_wd_mult`), gradient rescaling
+    and clipping, and per-key update counts."""
 
     default_lr = 0.01
 
@@ -49,6 +51,8 @@ class Optimizer:
         self.begin_num_update = begin_num_update
         self.num_update = begin_num_update
         self.index_update_count: dict[Any, int] = {}
+        self.lr_mult: dict[Any, float] = {}
+        self.wd_mult: dict[Any, float] = {}
         self._params: dict[str, Any] = {
             "learning_rate": learning_rate,
             "wd": wd,
@@ -72,8 +76,37 @@ class Optimizer:
         self.num_update = max(count, self.num_update)
         return count
 
+    def set_lr_mult(self, args_lr_mult: dict[Any, float]) -> None:
+        """Scale the learning rate of each key of ``args_lr_mult`` by its value
+        (others keep 1); replaces the multipliers set before, as MXNet's does.
+        A key is the store's key, as the servers pass it to :meth:`update`.
+        MXNet also reads multipliers from a symbol's attributes and zeroes
+        weight decay by parameter name (``param_idx2name``); labkv has neither.
+
+        >>> opt = create("sgd", learning_rate=0.5)
+        >>> opt.set_lr_mult({"bias": 0.1})
+        >>> opt._get_lr("bias"), opt._get_lr("weight")
+        (0.05, 0.5)
+        """
+        self.lr_mult = _multipliers(args_lr_mult, "set_lr_mult")
+
+    def set_wd_mult(self, args_wd_mult: dict[Any, float]) -> None:
+        """Scale the weight decay of each key of ``args_wd_mult`` by its value
+        (others keep 1), replacing the multipliers set before; see :meth:`set_lr_mult`.
+
+        >>> opt = create("sgd", wd=0.01)
+        >>> opt.set_wd_mult({"bias": 0.0})
+        >>> opt._get_wd("bias"), opt._get_wd("weight")
+        (0.0, 0.01)
+        """
+        self.wd_mult = _multipliers(args_wd_mult, "set_wd_mult")
+
     def _get_lr(self, index: Any) -> float:
-        return self.lr_scheduler(self.num_update) if self.lr_scheduler else self.lr
+        lr = self.lr_scheduler(self.num_update) if self.lr_scheduler else self.lr
+        return lr * self.lr_mult[index] if index in self.lr_mult else lr
+
+    def _get_wd(self, index: Any) -> float:
+        return self.wd * self.wd_mult[index] if index in self.wd_mult else self.wd
 
     def create_state(self, index: Any, weight: Any) -> tuple:
         """The state arrays for one key (an empty tuple when none are needed)."""
@@ -84,25 +117,41 @@ class Optimizer:
         ``grad`` may be used as scratch space."""
         raise NotImplementedError
 
-    def _rescaled(self, grad: Any, weight: Any, add_wd: bool, clip_after_wd: bool) -> Any:
-        """MXNet's gradient preprocessing: ``rescale_grad * grad``, clipped,
-        with ``wd * weight`` added before or after the clip (per optimizer)."""
+    def _rescaled(
+        self, grad: Any, weight: Any, wd: float | None = None, clip_after_wd: bool = True
+    ) -> Any:
+        """MXNet's gradient preprocessing: ``rescale_grad * grad``, clipped, with
+        ``wd * weight`` added (``wd`` given: the key's, from :meth:`_get_wd`)
+        before or after the clip (per optimizer)."""
         xp, dt = array_module(weight), weight.dtype.type
         g = dt(self.rescale_grad) * grad
-        if add_wd and clip_after_wd:
-            g = g + dt(self.wd) * weight
+        if wd is not None and clip_after_wd:
+            g = g + dt(wd) * weight
         if self.clip_gradient is not None:
             c = dt(self.clip_gradient)
             g = xp.clip(g, -c, c)
-        if add_wd and not clip_after_wd:
-            g = g + dt(self.wd) * weight
+        if wd is not None and not clip_after_wd:
+            g = g + dt(wd) * weight
         return g
 
     def to_config(self) -> dict[str, Any]:
-        """Name, hyper-parameters and scheduler as JSON-able data (no code)."""
+        """Name, hyper-parameters and scheduler as JSON-able data (no code).
+        Multipliers, where set, are in ``params`` as ``[key, value]`` pairs in
+        key order (ints first), so that equal optimizers have equal configs;
+        pairs, as JSON keeps an int key an int there, not in an object's names.
+
+        >>> opt = create("sgd")
+        >>> opt.set_wd_mult({"w": 0.0, 3: 2})
+        >>> opt.to_config()["params"]["wd_mult"]
+        [[3, 2.0], ['w', 0.0]]
+        """
+        params = dict(self._params)
+        for option, mult in (("lr_mult", self.lr_mult), ("wd_mult", self.wd_mult)):
+            if mult:
+                params[option] = [[k, v] for k, v in mult.items()]
         return {
             "name": self.name,
-            "params": dict(self._params),
+            "params": params,
             "lr_scheduler": self.lr_scheduler.to_config() if self.lr_scheduler else None,
         }
 
@@ -110,14 +159,32 @@ class Optimizer:
     def from_config(config: dict[str, Any]) -> Optimizer:
         """Rebuild an optimizer from :meth:`to_config` output."""
         params = dict(config.get("params") or {})
+        lr_mult, wd_mult = params.pop("lr_mult", None), params.pop("wd_mult", None)
         sched = config.get("lr_scheduler")
         if sched:
             params["lr_scheduler"] = _lr.create(sched["name"], sched.get("params"))
-        return create(config["name"], **params)
+        optimizer = create(config["name"], **params)
+        optimizer.set_lr_mult(dict(lr_mult or ()))
+        optimizer.set_wd_mult(dict(wd_mult or ()))
+        return optimizer
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{k}={v!r}" for k, v in self._params.items() if v is not None)
-        return f"{type(self).__name__}({shown})"
+        shown = [f"{k}={v!r}" for k, v in self._params.items() if v is not None]
+        shown += [
+            f"{k}={v!r}" for k, v in (("lr_mult", self.lr_mult), ("wd_mult", self.wd_mult)) if v
+        ]
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def _multipliers(given: dict[Any, float], method: str) -> dict[Any, float]:
+    """``given`` checked (int or str keys, the store's kinds), with float values, in key order."""
+    if not isinstance(given, dict):
+        raise TypeError(f"{method} takes a dict of key to multiplier, got {type(given).__name__}")
+    for key in given:
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise TypeError(f"{method}: key {key!r} is not an int or a str (a store's key)")
+    checked = {k: float(v) for k, v in given.items()}
+    return {k: checked[k] for k in sorted(checked, key=lambda k: (isinstance(k, str), k))}
 
 
 def _zeros(weight: Any) -> Any:

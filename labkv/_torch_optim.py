@@ -20,11 +20,25 @@ they sum the ranks' pushes, and 1 where each push is applied alone):
   ``eps/sqrt(1-b2^t)`` in torch's formula (31.6 ``eps`` at the first step with
   ``b2 = 0.999``, ``eps`` after a few thousand): steps differ by about
   ``30*eps/|g|`` relative at first, negligible where gradients are far above ``eps``.
+- **Param groups** may differ in ``lr`` and ``weight_decay``: the servers' rate
+  (decay) is the first group's nonzero one (0 where every group's is 0), and the
+  keys of a group with another one get the quotient as a multiplier (MXNet's
+  ``set_lr_mult`` and ``set_wd_mult``; a group's 0 is a multiplier of 0). The
+  servers compute ``rate * multiplier`` in float64, within an ulp of the group's
+  value, and round it to float32 as torch rounds the group's. Every other option
+  must be the same in every group: the servers run one optimizer.
 
 >>> import torch
->>> w = torch.nn.Parameter(torch.zeros(2))
+>>> w, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))
 >>> server_optimizer(torch.optim.SGD([w], lr=0.1, momentum=0.9), "dist_sync", 2)
 SGD(learning_rate=0.1, wd=0.0, rescale_grad=0.5, begin_num_update=0, momentum=0.9)
+>>> groups = [{"params": [w]}, {"params": [b], "lr": 0.01, "weight_decay": 0.0}]
+>>> sgd = torch.optim.SGD(groups, lr=0.1, weight_decay=1e-4)
+>>> server = server_optimizer(sgd, "local", 1, ["w", "b"])
+>>> server.lr, server.wd, sorted(server.lr_mult), sorted(server.wd_mult)
+(0.1, 0.0001, ['b'], ['b'])
+>>> [(server._get_lr(k), server._get_wd(k)) for k in ("w", "b")]  # what each key gets
+[(0.1, 0.0001), (0.01, 0.0)]
 >>> server_optimizer(torch.optim.Adam([w], amsgrad=True), "local", 1)
 Traceback (most recent call last):
 ...
@@ -34,6 +48,7 @@ ValueError: torch.optim.Adam with amsgrad=True has no equivalent on the servers 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -65,6 +80,8 @@ OPTIONS: dict[type, tuple[str, ...]] = {
 }
 #: How torch would run its own step (kernels, CUDA graphs): no bearing on the servers'.
 HOW = ("foreach", "fused", "capturable")
+#: The options a param group may set for itself: per-key multipliers on the servers.
+PER_KEY = ("lr", "weight_decay")
 
 
 def _plain(value: Any) -> Any:
@@ -122,60 +139,103 @@ def _same_in_every_group(groups: list[dict[str, Any]]) -> dict[str, Any]:
     first = groups[0]
     for i, group in enumerate(groups[1:], 1):
         for option, value in group.items():
-            if value != first[option]:
+            if option not in PER_KEY and value != first[option]:
                 raise ValueError(
                     f"param groups 0 and {i} differ in {option} ({first[option]!r} and {value!r}): "
-                    "labkv's optimizers (MXNet's) take one set of hyper-parameters per store, "
-                    "with no per-key learning-rate multipliers, so update_on_kvstore=True needs "
-                    "every param group alike; use update_on_kvstore=False, where the torch "
-                    "optimizer steps and honours each group"
+                    "the servers run one labkv (MXNet) optimizer per store, whose learning rate "
+                    "and weight decay alone can be scaled per key, so with update_on_kvstore=True "
+                    "param groups may differ in lr and weight_decay only; use "
+                    "update_on_kvstore=False, where the torch optimizer steps and honours each "
+                    "group"
                 )
     return first
 
 
+def _per_key(
+    groups: list[dict[str, Any]], keys: list[list[str]], option: str
+) -> tuple[float, dict[str, float]]:
+    """The servers' ``option`` (the first group's nonzero value, else 0) and the
+    multipliers that give each other group's keys their group's value."""
+    values = [float(g[option]) for g in groups]
+    base = next((v for v in values if v != 0), 0.0)
+    mult = {}
+    for value, names in zip(values, keys, strict=True):
+        if value != base:  # so base != 0: a base of 0 means every group's value is 0
+            mult.update(dict.fromkeys(names, value / base))
+    return base, mult
+
+
+def _group_keys(optimizer: torch.optim.Optimizer, names: Sequence[str] | None) -> list[list[str]]:
+    """Per param group, the keys of its trained (not frozen) parameters."""
+    count = sum(len(g["params"]) for g in optimizer.param_groups)
+    names = [f"param.{i}" for i in range(count)] if names is None else list(names)
+    if len(names) != count:
+        raise ValueError(f"{len(names)} names for the optimizer's {count} parameters")
+    keys, start = [], 0
+    for group in optimizer.param_groups:
+        params = group["params"]
+        named = zip(names[start : start + len(params)], params, strict=True)
+        keys.append([n for n, p in named if p.requires_grad])
+        start += len(params)
+    return keys
+
+
 def server_optimizer(
-    optimizer: torch.optim.Optimizer, kind: str, num_workers: int
+    optimizer: torch.optim.Optimizer,
+    kind: str,
+    num_workers: int,
+    names: Sequence[str] | None = None,
 ) -> optimizers.Optimizer:
     """The labkv optimizer that runs ``optimizer``'s step on the servers of a
-    ``kind`` store (``'local'``, ``'dist_sync'``...) shared by ``num_workers`` ranks."""
+    ``kind`` store (``'local'``, ``'dist_sync'``...) shared by ``num_workers`` ranks.
+    ``names`` are the keys of ``optimizer``'s parameters in its param groups'
+    order (default ``"param.<i>"``); those of frozen parameters get no multiplier."""
     cls = _supported(optimizer)
     _check_other_options(optimizer, cls)
-    h = _same_in_every_group(hyperparameters(optimizer))
+    groups = hyperparameters(optimizer)
+    h = _same_in_every_group(groups)
     if h["maximize"]:
         _refuse(cls, "maximize", True, "labkv's optimizers minimise")
     if h["differentiable"]:
         _refuse(cls, "differentiable", True, "the servers' step is not part of autograd's graph")
+    keys = _group_keys(optimizer, names)
+    lr, lr_mult = _per_key(groups, keys, "lr")
+    wd, wd_mult = _per_key(groups, keys, "weight_decay")
     rescale = 1.0 / num_workers if kind in SYNC_KINDS else 1.0
-    lr, wd, momentum = float(h["lr"]), float(h["weight_decay"]), float(h.get("momentum", 0.0))
+    momentum = float(h.get("momentum", 0.0))
     if cls is torch.optim.SGD:
         if h["dampening"] != 0:
             _refuse(cls, "dampening", h["dampening"], "labkv's SGD (MXNet's) has no dampening")
-        if h["nesterov"]:
-            if h["weight_decay"] != 0:
-                _refuse(
-                    cls,
-                    "nesterov",
-                    True,
-                    f"with weight_decay={h['weight_decay']!r}, labkv's NAG (MXNet 1.9.1's) decays "
-                    "the updated weight in its momentum, torch the weight before the step",
-                )
-            return optimizers.NAG(learning_rate=lr, momentum=momentum, rescale_grad=rescale)
-        return optimizers.SGD(learning_rate=lr, momentum=momentum, wd=wd, rescale_grad=rescale)
-    if h["amsgrad"]:
-        _refuse(cls, "amsgrad", True, "labkv's Adam has no AMSGrad")
-    if h["decoupled_weight_decay"] and h["weight_decay"] != 0:
-        _refuse(
-            cls,
-            "decoupled_weight_decay",
-            True,
-            "labkv's Adam (MXNet's) adds the weight decay to the gradient, as an L2 term",
+        if h["nesterov"] and wd != 0:
+            _refuse(
+                cls,
+                "nesterov",
+                True,
+                f"with weight_decay={wd!r}, labkv's NAG (MXNet 1.9.1's) decays the updated "
+                "weight in its momentum, torch the weight before the step",
+            )
+        server: optimizers.Optimizer = (optimizers.NAG if h["nesterov"] else optimizers.SGD)(
+            learning_rate=lr, momentum=momentum, wd=wd, rescale_grad=rescale
         )
-    beta1, beta2 = (float(b) for b in h["betas"])
-    return optimizers.Adam(
-        learning_rate=lr,
-        beta1=beta1,
-        beta2=beta2,
-        epsilon=float(h["eps"]),
-        wd=wd,
-        rescale_grad=rescale,
-    )
+    else:
+        if h["amsgrad"]:
+            _refuse(cls, "amsgrad", True, "labkv's Adam has no AMSGrad")
+        if h["decoupled_weight_decay"] and wd != 0:
+            _refuse(
+                cls,
+                "decoupled_weight_decay",
+                True,
+                "labkv's Adam (MXNet's) adds the weight decay to the gradient, as an L2 term",
+            )
+        beta1, beta2 = (float(b) for b in h["betas"])
+        server = optimizers.Adam(
+            learning_rate=lr,
+            beta1=beta1,
+            beta2=beta2,
+            epsilon=float(h["eps"]),
+            wd=wd,
+            rescale_grad=rescale,
+        )
+    server.set_lr_mult(lr_mult)
+    server.set_wd_mult(wd_mult)
+    return server

@@ -89,9 +89,8 @@ def pull_into(
     outs, pairs = [], []
     for name, t in zip(names, tensors, strict=True):
         t = t.detach()
-        buffer = (
-            torch.empty(t.shape, dtype=torch.float32, device=t.device) if t.dtype in HALF else t
-        )
+        # on t's device: a CUDA tensor's float32 buffer stays on its GPU
+        buffer = t.new_empty(t.shape, dtype=torch.float32) if t.dtype in HALF else t
         outs.append(store_array(buffer, name))
         pairs.append((t, buffer))
     kvstore.pull(list(names), out=outs)

@@ -3,8 +3,10 @@
 Each optimizer keeps per-key update counts (``num_update`` feeds the
 learning-rate scheduler; Adam's bias correction uses the key's own count),
 makes a tuple of state arrays per key (``create_state``) and updates a
-weight in place (``update``). The code is written once for numpy and CuPy:
-arrays bring their own module. Hyper-parameters are cast to the weight's
+weight in place (``update``) with the key's learning rate and weight decay
+(the optimizer's, times the key's multipliers from ``set_lr_mult`` and
+``set_wd_mult``, as MXNet's ``_get_lr``/``_get_wd``). The code is written
+once for numpy and CuPy: arrays bring their own module. Hyper-parameters are cast to the weight's
 dtype before use, as MXNet's kernels do, so float32 results match MXNet's.
 The base class and the registry of names live in :mod:`labkv._optbase`.
 
@@ -45,7 +47,7 @@ def _sgd_step(opt: Optimizer, weight: Any, grad: Any, lr: Any) -> Any:
     dt = weight.dtype.type
     if opt.clip_gradient is None:
         return lr * dt(opt.rescale_grad) * grad
-    return lr * opt._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+    return lr * opt._rescaled(grad, weight)
 
 
 class _WithMomentum(Optimizer):
@@ -70,7 +72,7 @@ class SGD(_WithMomentum):
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         self._update_count(index)
         dt = weight.dtype.type
-        lr, wd = dt(self._get_lr(index)), dt(self.wd)
+        lr, wd = dt(self._get_lr(index)), dt(self._get_wd(index))
         step = _sgd_step(self, weight, grad, lr)
         if state:
             (mom,) = state
@@ -90,12 +92,12 @@ class NAG(_WithMomentum):
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         self._update_count(index)
         dt = weight.dtype.type
-        lr, wd = dt(self._get_lr(index)), dt(self.wd)
+        lr, wd = dt(self._get_lr(index)), dt(self._get_wd(index))
         if not state:
             weight[...] = (dt(1.0) - lr * wd) * weight - _sgd_step(self, weight, grad, lr)
             return
         (mom,) = state
-        g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+        g = self._rescaled(grad, weight)
         m = dt(self.momentum)
         mom *= m
         weight[...] = weight - mom + (m + dt(1.0)) * (mom - lr * (g + wd * weight))
@@ -124,7 +126,7 @@ class Adam(Optimizer):
         xp, dt = array_module(weight), weight.dtype.type
         lr = self._get_lr(index)
         lr *= math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
-        g = self._rescaled(grad, weight, add_wd=True, clip_after_wd=True)
+        g = self._rescaled(grad, weight, wd=self._get_wd(index))
         mean, var = state
         b1, b2 = dt(self.beta1), dt(self.beta2)
         mean[...] = b1 * mean + (dt(1.0) - b1) * g
@@ -147,8 +149,8 @@ class AdaGrad(Optimizer):
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         self._update_count(index)
         xp, dt = array_module(weight), weight.dtype.type
-        lr, wd = dt(self._get_lr(index)), dt(self.wd)
-        g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+        lr, wd = dt(self._get_lr(index)), dt(self._get_wd(index))
+        g = self._rescaled(grad, weight)
         (history,) = state
         history += g * g
         div = g / xp.sqrt(_plus_epsilon(history, self.float_stable_eps))
@@ -191,7 +193,7 @@ class RMSProp(Optimizer):
         self._update_count(index)
         xp, dt = array_module(weight), weight.dtype.type
         lr, g1 = dt(self._get_lr(index)), dt(self.gamma1)
-        g = self._rescaled(grad, weight, add_wd=True, clip_after_wd=True)
+        g = self._rescaled(grad, weight, wd=self._get_wd(index))
         n = state[0]
         n[...] = (dt(1.0) - g1) * g * g + g1 * n
         if self.centered:
@@ -223,9 +225,9 @@ class AdaDelta(Optimizer):
 
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         xp, dt = array_module(weight), weight.dtype.type
-        wd = dt(self.wd)
+        wd = dt(self._get_wd(index))
         self._update_count(index)
-        g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+        g = self._rescaled(grad, weight)
         acc_g, acc_delta = state
         rho, one_minus_rho, eps = dt(self.rho), dt(1.0 - self.rho), dt(self.epsilon)
         acc_g *= rho
@@ -252,8 +254,8 @@ class Signum(Optimizer):
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         self._update_count(index)
         xp, dt = array_module(weight), weight.dtype.type
-        lr, wd = dt(self._get_lr(index)), dt(self.wd)
-        g = self._rescaled(grad, weight, add_wd=False, clip_after_wd=False)
+        lr, wd = dt(self._get_lr(index)), dt(self._get_wd(index))
+        g = self._rescaled(grad, weight)
         if state:
             (mom,) = state
             m = dt(self.momentum)

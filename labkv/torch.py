@@ -123,9 +123,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
       momentum, weight decay or Nesterov, and Adam, translated with the same
       hyper-parameters; see :mod:`labkv._torch_optim` for where the formulas
       differ and what is refused), the ranks push gradients and ``step()`` pulls
-      the weights into the parameters. Every param group must have the same
-      hyper-parameters, and they must not change afterwards (a torch lr
-      scheduler is followed with ``update_on_kvstore=False`` only).
+      the weights into the parameters. Param groups may differ in ``lr`` and
+      ``weight_decay`` (per-key multipliers on the servers), not in the other
+      options, and none may change afterwards (a torch lr scheduler is
+      followed with ``update_on_kvstore=False`` only).
 
     Keys are ``named_parameters``' names (the pairs ``model.named_parameters()``
     gives), else the ``param_names`` of an optimizer made from named
@@ -173,8 +174,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"a {kvstore.type!r} store does not do: it applies each push alone (with no "
                 "optimizer, each push replaces the value); use update_on_kvstore=True"
             )
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        all_names = param_names(optimizer, named_parameters)
         server = (
-            server_optimizer(optimizer, kind, kvstore.num_workers) if update_on_kvstore else None
+            server_optimizer(optimizer, kind, kvstore.num_workers, all_names)
+            if update_on_kvstore
+            else None
         )
         if compression is not None:
             GradientCompression.from_params(compression)  # refuses bad settings now
@@ -183,12 +188,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "the store already runs an optimizer or updater: a DistributedOptimizer needs "
                 "a store of its own (update_on_kvstore=False sums gradients with none)"
             )
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        trained = [
-            (n, p)
-            for n, p in zip(param_names(optimizer, named_parameters), params)
-            if p.requires_grad
-        ]
+        trained = [(n, p) for n, p in zip(all_names, params, strict=True) if p.requires_grad]
         for name, p in trained:
             if _hooked_by(p) is not None:
                 raise ValueError(

@@ -134,3 +134,44 @@ def test_a_float_scalar_beside_a_float16_array_is_typed_by_its_value(cp):
     single = half.astype(cp.float32) + np.float32(1e-8)
     assert single.dtype == np.float32 and single.get()[0] == np.float32(1e-8)
     assert cp.where(half > 0, half, np.float32(1e-8)).dtype == np.float16
+
+
+class _Producer:
+    """A DLPack producer on CUDA device ``device`` (its memory a numpy array here)
+    that notes the current device and the stream it was asked with."""
+
+    def __init__(self, cp, data, device, dev_type=2):
+        self.cp, self.data, self.device, self.dev_type, self.asked = cp, data, device, dev_type, []
+
+    def __dlpack_device__(self):
+        return (self.dev_type, self.device)
+
+    def __dlpack__(self, *, stream=None, max_version=None, copy=None):
+        self.asked.append((self.cp.cuda.runtime.getDevice(), stream))
+        return self.data.__dlpack__(max_version=max_version)
+
+
+def test_from_dlpack_shares_a_cuda_producers_memory_on_its_device(cp):
+    data = np.arange(3, dtype=np.float32)
+    producer = _Producer(cp, data, device=1)
+    a = cp.from_dlpack(producer)
+    assert a.device.id == 1 and a.dtype == np.float32
+    assert producer.asked == [(1, 1)]  # its device current, CuPy's legacy default stream
+    assert cp.cuda.runtime.getDevice() == 0  # and the previous device current again
+    with cp.cuda.Device(1):
+        a += 1  # a kernel on device 1 writes the producer's memory
+    np.testing.assert_array_equal(data, [1, 2, 3])
+    with pytest.raises(ValueError, match="array device = 1 while current = 0"):
+        a.sum()
+
+
+def test_from_dlpack_refuses_cpu_producers_bare_capsules_and_unseen_devices(cp):
+    data = np.zeros(2, np.float32)
+    with pytest.raises(TypeError, match="CPU arrays cannot be directly imported to CuPy"):
+        cp.from_dlpack(data)
+    with pytest.raises(TypeError, match="no bare DLPack capsules"):
+        cp.from_dlpack(data.__dlpack__())
+    with pytest.raises(cp.CUDARuntimeError, match="invalid device ordinal"):
+        cp.from_dlpack(_Producer(cp, data, device=2))
+    with pytest.raises(TypeError, match="Unsupported array type: 8"):
+        cp.from_dlpack(_Producer(cp, data, device=0, dev_type=8))

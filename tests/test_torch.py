@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 
 import labkv  # noqa: E402
 import labkv.torch as lkt  # noqa: E402
-from labkv._torch_tensors import _cupy, store_array  # noqa: E402
+from labkv._torch_keys import init_and_pull  # noqa: E402
+from labkv._torch_tensors import _cupy, pull_into, store_array  # noqa: E402
 
 try:  # the rank functions below travel to the Dask workers by value
     import cloudpickle
@@ -27,11 +28,34 @@ except ImportError:  # pragma: no cover - comes with distributed
 
 F = torch.nn.functional
 STEPS = 20
+
+
+def _groups(ps, slow_lr: float, first_lr: float | None = None) -> list[dict]:
+    """The MLP's parameters (``0.weight``, ``0.bias``, ``2.weight``, ``2.bias``) in
+    three groups: the first layer's weight (at ``first_lr`` if given), the biases
+    without weight decay, the last layer's weight at ``slow_lr``."""
+    w0, b0, w2, b2 = ps
+    first = {"params": [w0]} if first_lr is None else {"params": [w0], "lr": first_lr}
+    return [first, {"params": [b0, b2], "weight_decay": 0.0}, {"params": [w2], "lr": slow_lr}]
+
+
 OPTIMIZERS = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
     "nesterov": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
     "adam": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=1e-3),
     "adam-tiny-eps": lambda ps: torch.optim.Adam(ps, lr=0.01, eps=1e-12),
+    "sgd-groups": lambda ps: torch.optim.SGD(
+        _groups(ps, slow_lr=0.03), lr=0.1, momentum=0.9, weight_decay=1e-2
+    ),
+    "sgd-groups-first-lr-0": lambda ps: torch.optim.SGD(
+        _groups(ps, slow_lr=0.03, first_lr=0.0), lr=0.1, momentum=0.9, weight_decay=1e-2
+    ),
+    "nesterov-groups": lambda ps: torch.optim.SGD(
+        [{"params": ps[:2]}, {"params": ps[2:], "lr": 0.02}], lr=0.1, momentum=0.9, nesterov=True
+    ),
+    "adam-groups": lambda ps: torch.optim.Adam(
+        _groups(ps, slow_lr=0.003), lr=0.01, eps=1e-12, weight_decay=1e-2
+    ),
 }
 
 
@@ -60,13 +84,13 @@ def _train(model, opt, x, y, steps: int = STEPS) -> list[torch.Tensor]:
 
 def _plain_torch(name: str, steps: int = STEPS) -> list[torch.Tensor]:
     model = _mlp()
-    return _train(model, OPTIMIZERS[name](model.parameters()), *_data(), steps=steps)
+    return _train(model, OPTIMIZERS[name](list(model.parameters())), *_data(), steps=steps)
 
 
 def _on_store(name: str, update_on_kvstore: bool, kv=None, steps: int = STEPS) -> list:
     model, kv = _mlp(), kv or labkv.create("local")
     opt = lkt.DistributedOptimizer(
-        OPTIMIZERS[name](model.parameters()),
+        OPTIMIZERS[name](list(model.parameters())),
         kv,
         named_parameters=model.named_parameters(),
         update_on_kvstore=update_on_kvstore,
@@ -103,6 +127,36 @@ def test_update_on_kvstore_matches_torch_within_float32_rounding(name, atol):
     # steps; 1.2e-7 measured. Adam divides by sqrt(v), which magnifies an ulp of a
     # small gradient: 1.4e-6 measured with eps=1e-12 (eps placement out of play).
     assert _max_diff(_plain_torch(name), _on_store(name, update_on_kvstore=True)) < atol
+
+
+@pytest.mark.parametrize(
+    ("name", "atol"),
+    [
+        ("sgd-groups", 1e-6),
+        ("sgd-groups-first-lr-0", 1e-6),
+        ("nesterov-groups", 1e-6),
+        ("adam-groups", 1e-5),
+    ],
+)
+def test_update_on_kvstore_honours_each_param_groups_lr_and_weight_decay(name, atol):
+    # The same rounding as with one group (see above): 1.2e-7 to 2.4e-7 measured
+    # for SGD and NAG, 1.4e-6 for Adam; ignoring the groups would move the weights
+    # by 0.55 (SGD, checked below) and 0.14 (Adam).
+    kv = labkv.create()
+    expected, got = _plain_torch(name), _on_store(name, update_on_kvstore=True, kv=kv)
+    assert _max_diff(expected, got) < atol
+    model = _mlp()
+    groups = OPTIMIZERS[name](list(model.parameters())).param_groups
+    group_of = {id(p): g for g in groups for p in g["params"]}
+    for i, (key, p) in enumerate(model.named_parameters()):  # each key's rate and decay
+        group = group_of[id(p)]
+        assert np.float32(kv._optimizer._get_lr(key)) == np.float32(group["lr"]), key
+        assert kv._optimizer._get_wd(key) == pytest.approx(group["weight_decay"], rel=1e-15)
+        if group["lr"] == 0:  # a multiplier of 0: the weight never moves
+            assert torch.equal(got[i], p)
+    if name == "sgd-groups":
+        ungrouped = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2)
+        assert _max_diff(expected, _train(model, ungrouped, *_data())) > 1e-2
 
 
 def test_update_on_kvstore_adam_differs_from_torch_by_where_eps_goes():
@@ -191,6 +245,111 @@ def test_a_cuda_tensor_without_cupy_names_torch_cuda_and_cupy(monkeypatch):
         _cupy("w", torch.device("cuda:0"))
     with pytest.raises(TypeError, match="takes CPU and CUDA tensors"):
         store_array(torch.zeros(2, device="meta"), "w")
+
+
+# -- CUDA tensors on the strict CuPy stand-in -------------------------------------------------
+class _CudaTensor:
+    """What labkv.torch may touch of a torch CUDA tensor on ``cuda:<index>``, for a
+    machine without CUDA: ``memory`` (a CPU tensor) stands for its GPU memory,
+    reached through DLPack, which refuses as torch does (a tensor that requires
+    grad; another current device than its own), and the few in-place ops labkv
+    runs on it. Nothing else: host conversions raise, as a CUDA tensor's do."""
+
+    layout = torch.strided
+    is_cuda = True
+
+    def __init__(self, memory: torch.Tensor, index: int, requires_grad: bool = False):
+        self.memory, self.index, self.requires_grad = memory, index, requires_grad
+
+    device = property(lambda self: torch.device("cuda", self.index))
+    dtype = property(lambda self: self.memory.dtype)
+    shape = property(lambda self: self.memory.shape)
+
+    def detach(self) -> _CudaTensor:
+        return _CudaTensor(self.memory, self.index)
+
+    def to(self, dtype: torch.dtype) -> _CudaTensor:
+        return _CudaTensor(self.memory.to(dtype), self.index)
+
+    def new_empty(self, shape, *, dtype: torch.dtype) -> _CudaTensor:
+        return _CudaTensor(torch.empty(shape, dtype=dtype), self.index)
+
+    def copy_(self, src: _CudaTensor) -> _CudaTensor:  # a copy between GPU tensors only
+        self.memory.copy_(src.memory)
+        return self
+
+    def div_(self, other: float) -> _CudaTensor:
+        self.memory.div_(other)
+        return self
+
+    def numpy(self):
+        raise TypeError(f"can't convert {self.device} device type tensor to numpy")
+
+    __array__ = numpy
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, self.index)  # kDLCUDA
+
+    def __dlpack__(self, *, stream=-1, max_version=None, dl_device=None, copy=None):
+        current = sys.modules["cupy"].cuda.runtime.getDevice()
+        if self.requires_grad:
+            raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+        if current != self.index:
+            raise BufferError(f"Can't export tensors on a different CUDA device index: {current}")
+        return self.memory.__dlpack__(max_version=max_version)
+
+
+@pytest.fixture
+def standin():
+    from tests._standin import standin_cupy
+
+    with standin_cupy(physical=2) as cp:
+        yield cp
+
+
+def test_a_cuda_tensor_is_a_cupy_view_on_its_own_gpu_and_pulls_write_into_it(standin):
+    cp = standin
+    w = _CudaTensor(torch.zeros(4), index=1, requires_grad=True)  # a parameter on cuda:1
+    view = store_array(w, "w")
+    assert isinstance(view, cp.ndarray) and view.device.id == 1
+    with cp.cuda.Device(1):
+        view.fill(3.0)
+    assert w.memory.tolist() == [3.0] * 4  # the tensor's own memory
+    kv = labkv.create("device")  # values stay on the device they come from
+    to_host = cp.stats["to_host"]
+    init_and_pull(kv, ["w"], [w])  # as DistributedOptimizer and broadcast_parameters do
+    assert kv.placement()["w"][0]["device"] == "gpu(1)"
+    pointer = w.memory.data_ptr()
+    with cp.cuda.Device(1):  # two "ranks'" gradients, summed on gpu(1)
+        kv.push("w", [cp.full(4, 5.0, dtype=cp.float32), cp.full(4, 3.0, dtype=cp.float32)])
+    pull_into(kv, ["w"], [w], divide=2)  # their average, written into w's memory
+    assert w.memory.tolist() == [4.0] * 4 and w.memory.data_ptr() == pointer
+    assert cp.stats["to_host"] == to_host  # GPU to GPU: nothing came through the host
+    assert cp.cuda.runtime.getDevice() == 0  # from_dlpack put the current device back
+
+
+def test_a_half_precision_cuda_tensor_is_pulled_through_a_float32_buffer_on_its_gpu(standin):
+    cp = standin
+    w = _CudaTensor(torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16), index=1)
+    assert store_array(w, "w").dtype == np.float32
+    kv = labkv.create("device")
+    init_and_pull(kv, ["w"], [w])
+    with cp.cuda.Device(1):
+        kv.push("w", cp.asarray(np.array([1.0, 1.00390625, 1e-3], np.float32)))
+    pull_into(kv, ["w"], [w])
+    expected = torch.tensor([1.0, 1.00390625, 1e-3]).to(torch.bfloat16)  # rounded to nearest
+    assert w.dtype == torch.bfloat16 and torch.equal(w.memory, expected)
+
+
+def test_the_cuda_double_refuses_what_a_cuda_tensor_refuses(standin):
+    cp = standin
+    w = _CudaTensor(torch.zeros(2), index=1, requires_grad=True)
+    with pytest.raises(BufferError, match="require gradient"):
+        cp.from_dlpack(w)
+    with pytest.raises(BufferError, match="different CUDA device index: 0"):
+        w.detach().__dlpack__()
+    with pytest.raises(TypeError, match="can't convert cuda:1 device type tensor to numpy"):
+        np.asarray(w)
 
 
 # -- what is skipped, accumulation, compression --------------------------------------------
@@ -293,9 +452,21 @@ BAD = [
     (lambda ps: torch.optim.AdamW(ps), True, "not torch.optim.adamw.AdamW"),
     (lambda ps: torch.optim.RMSprop(ps), True, "SGD and torch.optim.Adam, not"),
     (
-        lambda ps: torch.optim.SGD([{"params": ps[:2]}, {"params": ps[2:], "lr": 0.01}], lr=0.1),
+        lambda ps: torch.optim.SGD(
+            [{"params": ps[:2]}, {"params": ps[2:], "momentum": 0.5}], lr=0.1, momentum=0.9
+        ),
         True,
-        r"param groups 0 and 1 differ in lr \(0.1 and 0.01\)",
+        r"param groups 0 and 1 differ in momentum \(0.9 and 0.5\): .* lr and weight_decay only",
+    ),
+    (
+        lambda ps: torch.optim.SGD(
+            [{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.1}],
+            lr=0.1,
+            momentum=0.9,
+            nesterov=True,
+        ),
+        True,
+        "nesterov=True .* weight_decay=0.1",
     ),
 ]
 
@@ -412,12 +583,14 @@ def _rank_sync(kv, names, update_on_kvstore):
         model = _mlp(seed=kv.rank)
         named = [(f"{name}.{n}", p) for n, p in model.named_parameters()]
         opt = lkt.DistributedOptimizer(
-            OPTIMIZERS[name](model.parameters()), kv, named, update_on_kvstore
+            OPTIMIZERS[name](list(model.parameters())), kv, named, update_on_kvstore
         )
         _train(model, opt, x, y)
         state = {}
         if not update_on_kvstore:  # else the state lives on the servers
-            fresh = OPTIMIZERS[name](model.parameters())  # rank 1: rank 0's state comes into it
+            fresh = OPTIMIZERS[name](
+                list(model.parameters())
+            )  # rank 1: rank 0's state comes into it
             lkt.broadcast_optimizer_state(opt if kv.rank == 0 else fresh, kv)
             state = (opt if kv.rank == 0 else fresh).state_dict()["state"]
         state = {i: {k: v.numpy() for k, v in s.items()} for i, s in state.items()}
@@ -429,8 +602,8 @@ def _rank_sync(kv, names, update_on_kvstore):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize(
     ("update_on_kvstore", "names"),
-    [(False, ("sgd", "adam")), (True, ("sgd",)), (True, ("adam",))],
-    ids=["grads-sgd+adam", "on-kvstore-sgd", "on-kvstore-adam"],
+    [(False, ("sgd", "adam")), (True, ("sgd-groups",)), (True, ("adam",))],
+    ids=["grads-sgd+adam", "on-kvstore-sgd-groups", "on-kvstore-adam"],
 )
 def test_dist_sync_two_half_batches_equal_one_process_on_the_full_batch(
     handle, update_on_kvstore, names
@@ -488,3 +661,62 @@ def test_dist_async_and_ssp_runs_converge(handle, kind, extra):
     assert end < 0.5 * start, (start, end)  # 0.30-0.33x measured
     assert "update_on_kvstore=False averages the ranks' gradients" in results[0][0]
     assert all(np.array_equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
+
+
+# -- a killed server with replicas=2 --------------------------------------------------------
+def _replicated_run(handle, name, update_on_kvstore, kill_at=None):
+    """``STEPS`` steps of ``name`` driven from this process (one rank) on a
+    dist_sync store of 2 servers, each with a backup on the other worker; before
+    step ``kill_at`` the worker of the first key's primary is SIGKILLed (its
+    nanny starts a fresh one). The final weights and the store's events' ops."""
+    import os
+    import signal
+
+    handle.client.wait_for_workers(2, timeout=60)
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2, replicas=2, timeout=30)
+    ops = []
+    kv.events.subscribe(lambda e: ops.append(e.op))
+    try:
+        model = _mlp()
+        opt = lkt.DistributedOptimizer(
+            OPTIMIZERS[name](list(model.parameters())),
+            kv,
+            model.named_parameters(),
+            update_on_kvstore,
+        )
+        x, y = _data()
+        for step in range(STEPS):
+            if step == kill_at:
+                primary = kv.placement()["0.weight"][0]["replicas"][0]
+                pid = handle.client.run(os.getpid, workers=[primary])[primary]
+                os.kill(pid, signal.SIGKILL)
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()], ops
+    finally:
+        kv.close()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(
+    ("name", "update_on_kvstore", "kill_at"),
+    [("sgd", False, 7), ("sgd-groups", True, 12)],
+    ids=["grads", "on-kvstore-groups"],
+)
+def test_a_killed_server_with_replicas_leaves_the_run_bit_identical(
+    handle, name, update_on_kvstore, kill_at
+):
+    # On the servers: the averaged gradients (update_on_kvstore=False), or the
+    # weights and SGD's momentum with each group's multipliers (True), which the
+    # backup promoted in the killed primary's place must hold to the bit.
+    undisturbed, _ = _replicated_run(handle, name, update_on_kvstore)
+    try:
+        killed, ops = _replicated_run(handle, name, update_on_kvstore, kill_at)
+    finally:
+        handle.client.wait_for_workers(2, timeout=60)  # the session cluster whole again
+    assert "failover" in ops
+    assert all(torch.equal(a, b) for a, b in zip(undisturbed, killed, strict=True))
+    local = _on_store(name, update_on_kvstore)  # and no different from one process's store
+    assert all(torch.equal(a, b) for a, b in zip(undisturbed, local, strict=True))

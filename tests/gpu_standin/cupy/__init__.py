@@ -15,6 +15,8 @@ strict as CuPy where CuPy is strict:
   accepted as kernel operands;
 - a float scalar beside float arrays is typed by its value, as CuPy (through v13)
   types it: ``float16 array + np.float32(1e-8)`` is a float16 kernel, where it is 0;
+- ``from_dlpack`` takes only a producer on a visible CUDA device (``__dlpack_device__``),
+  asks it for its capsule with that device current, as CuPy does, and shares its memory;
 - ``CUDA_VISIBLE_DEVICES`` (read at import) maps device ordinals onto
   ``LABKV_STANDIN_GPUS`` simulated physical GPUs (default 2), each with its own PCI
   bus id, as the CUDA runtime does for a dask-cuda worker.
@@ -131,6 +133,7 @@ def _get_device_count() -> int:
 
 runtime = types.SimpleNamespace(
     getDeviceCount=_get_device_count,
+    getDevice=lambda: _current(),
     deviceSynchronize=lambda: _check_ordinal(_current()),
     CUDARuntimeError=CUDARuntimeError,
 )
@@ -529,5 +532,36 @@ def asnumpy(a: Any) -> np.ndarray:
     return a.get() if isinstance(a, ndarray) else np.asarray(a)
 
 
-def from_dlpack(obj: Any) -> ndarray:
-    raise TypeError("the CuPy stand-in takes no DLPack capsules")
+class _HostCapsule:
+    """A capsule of host memory (a simulated GPU's) as numpy's ``from_dlpack`` takes it."""
+
+    def __init__(self, capsule: Any):
+        self.capsule = capsule
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+def from_dlpack(array: Any) -> ndarray:
+    """A view of a DLPack producer's memory on its GPU, as CuPy takes it: the
+    producer's ``__dlpack_device__`` must be a visible CUDA device (a CPU one is
+    refused, as by CuPy), its ``__dlpack__`` is called with that device current
+    and CuPy's stream (the legacy default stream, 1), and the array shares the
+    memory of the capsule it returns (host memory here: the simulated GPU's).
+    A bare capsule (CuPy's legacy form) is refused: its device is not known."""
+    if not hasattr(array, "__dlpack_device__"):
+        raise TypeError("the CuPy stand-in takes no bare DLPack capsules")
+    dev_type, dev_id = array.__dlpack_device__()
+    if int(dev_type) == 1:  # kDLCPU
+        raise TypeError(
+            "CPU arrays cannot be directly imported to CuPy. "
+            "Use `cupy.array(numpy.from_dlpack(input))` instead."
+        )
+    if int(dev_type) not in (2, 13):  # kDLCUDA, kDLCUDAManaged
+        raise TypeError(f"Unsupported array type: {dev_type}")
+    with Device(dev_id):
+        capsule = array.__dlpack__(stream=1, max_version=(1, 0), copy=None)
+    return ndarray._of(np.from_dlpack(_HostCapsule(capsule)), int(dev_id))
