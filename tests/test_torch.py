@@ -720,3 +720,40 @@ def test_a_killed_server_with_replicas_leaves_the_run_bit_identical(
     assert all(torch.equal(a, b) for a, b in zip(undisturbed, killed, strict=True))
     local = _on_store(name, update_on_kvstore)  # and no different from one process's store
     assert all(torch.equal(a, b) for a, b in zip(undisturbed, local, strict=True))
+
+
+# -- 2-bit compression on the cluster --------------------------------------------------------
+def _rank_compressed(kv, threshold):
+    torch.set_num_threads(1)
+    x, y = _half(kv, *_data())
+    model = _mlp()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    compression = {"type": "2bit", "threshold": threshold}
+    opt = lkt.DistributedOptimizer(sgd, kv, model.named_parameters(), compression=compression)
+    grads = []
+    for _ in range(3):
+        opt.zero_grad()
+        _loss(model, x, y).backward()
+        opt.step()
+        grads.append([p.grad.numpy().copy() for p in model.parameters()])
+    return grads, _weights(model)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_two_bit_compression_on_dist_sync_averages_the_ranks_quantised_gradients(handle):
+    """Each rank's push is quantised to -t, 0 or t (its residual kept on the rank):
+    the average of two written into p.grad is one of -t, -t/2, 0, t/2, t."""
+    from labkv.cluster import run
+
+    t = 0.01
+    results = run(_rank_compressed, num_workers=2, cluster=handle, args=(t,))
+    (grads0, w0), (grads1, w1) = results
+    levels = np.array([-t, -t / 2, 0.0, t / 2, t], np.float32)
+    for step0, step1 in zip(grads0, grads1, strict=True):
+        for g0, g1 in zip(step0, step1, strict=True):
+            np.testing.assert_array_equal(g0, g1)  # every rank steps on the same average
+            assert np.isin(g0, levels).all(), np.unique(g0)
+    assert any(np.any(g != 0) for g in grads0[0])  # the threshold let something through
+    for a, b in zip(w0, w1, strict=True):
+        np.testing.assert_array_equal(a, b)
