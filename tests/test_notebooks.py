@@ -116,33 +116,38 @@ def test_notebook_opens_with_its_plan_and_ends_with_its_recap(path):
     assert "## Recap" in last, "the last text is not the recap"
 
 
-# One wrong answer per exercise, a mistake a student could make: its check must
-# say "not yet", not "correct".
+# Wrong answers per exercise, mistakes a student could make: its check must say
+# "not yet", not "correct", to each.
 WRONG = {
-    "solutions/01_1.py": "answer1 = np.full(4, 3.0)  # the last push wins",
-    "solutions/01_2.py": "answer2 = 3.75  # the initial 0 counted in the mean",
-    "solutions/02_1.py": "answer1 = -0.3  # momentum left out",
-    "solutions/02_2.py": "answer2 = 2  # 0.4 does not reach the threshold",
-    "solutions/03_1.py": "answer1 = 8 << 20  # a buffer for the sum",
-    "solutions/04_1.py": "answer1 = 300 * 50  # not sliced",
-    "solutions/04_2.py": (
-        "answer2 = {c: 2 * 1_000_000 * c[0] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}"
-        "  # the servers not counted"
-    ),
-    "solutions/05_1.py": "answer1 = 10  # one update per round, as in dist_sync",
-    "solutions/05_2.py": "answer2 = [True] * 4  # every pull waits, as in dist_sync",
-    "solutions/06_1.py": "answer1 = (32, 31)  # the ranks forgotten",
-    "solutions/06_2.py": "answer2 = (200, 200)  # every rank reads only its share",
-    "solutions/07_1.py": "answer1 = (2 * 21 * 19240, 2 * 23 * 19240)  # the padded step forgotten",
-    "solutions/07_2.py": "answer2 = (3, 3)  # the alias forgotten",
-    "solutions/08_1.py": "answer1 = float((after_resume[1] - checkpoint[1])[0])  # with momentum",
-    "solutions/09_1.py": "answer1 = [1, 2]  # the round-robin starts at the other worker",
+    "solutions/01_1.py": ["answer1 = np.full(4, 3.0)  # the last push wins"],
+    "solutions/01_2.py": ["answer2 = 3.75  # the initial 0 counted in the mean"],
+    "solutions/02_1.py": ["answer1 = -0.3  # momentum left out"],
+    "solutions/02_2.py": ["answer2 = 2  # 0.4 does not reach the threshold"],
+    "solutions/03_1.py": ["answer1 = 8 << 20  # a buffer for the sum"],
+    "solutions/04_1.py": ["answer1 = 300 * 50  # not sliced"],
+    "solutions/04_2.py": [
+        "answer2 = {c: 2 * 1_000_000 * c[0] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}  # the servers not counted"
+    ],
+    "solutions/05_1.py": ["answer1 = 10  # one update per round, as in dist_sync"],
+    "solutions/05_2.py": ["answer2 = [True] * 4  # every pull waits, as in dist_sync"],
+    "solutions/06_1.py": ["answer1 = (32, 31)  # the ranks forgotten"],
+    "solutions/06_2.py": ["answer2 = (200, 200)  # every rank reads only its share"],
+    "solutions/07_1.py": [
+        "answer1 = (2 * 21 * 19240, 2 * 23 * 19240)  # the padded step forgotten",
+        "answer1 = (2 * 22 * 19240, 2 * 22 * 19240)  # the pulls outside the steps forgotten",
+    ],
+    "solutions/07_2.py": [
+        "answer2 = (3, 3)  # the alias forgotten",
+        "answer2 = (1, 1)  # zero_grad taken to zero the worker's tensor either way",
+    ],
+    "solutions/08_1.py": ["answer1 = float((after_resume[1] - checkpoint[1])[0])  # with momentum"],
+    "solutions/09_1.py": ["answer1 = [1, 2]  # the round-robin starts at the other worker"],
 }
 
 
 def _with_solutions(nb) -> tuple[list[int], list[int], list[int]]:
-    """Insert, after each exercise's check cell, its wrong answer (``WRONG``) and the
-    check again, then the solution its answer cell names (what ``%load`` would put
+    """Insert, after each exercise's check cell, each of its wrong answers (``WRONG``)
+    and the check again, then the solution its answer cell names (what ``%load`` would put
     there) and the check again; returns the indices of the original checks, of the
     checks after a wrong answer and of those after the solution."""
     cells, first, wrong, again = [], [], [], []
@@ -154,10 +159,8 @@ def _with_solutions(nb) -> tuple[list[int], list[int], list[int]]:
             solution = re.search(r"%load (solutions/\S+\.py)", cell.source).group(1)
         if "check" in tags:
             first.append(len(cells) - 1)
-            for source, indices in (
-                (WRONG[solution], wrong),
-                ((SOLUTIONS.parent / solution).read_text(), again),
-            ):
+            tries = [(source, wrong) for source in WRONG[solution]]
+            for source, indices in (*tries, ((SOLUTIONS.parent / solution).read_text(), again)):
                 cells.append(nbformat.v4.new_code_cell(source))
                 cells.append(nbformat.v4.new_code_cell(cell.source))
                 indices.append(len(cells) - 1)
@@ -218,3 +221,4 @@ def test_every_solution_belongs_to_an_exercise():
 def test_every_exercise_has_a_wrong_answer():
     files = {f"solutions/{p.name}" for p in SOLUTIONS.glob("*.py")}
     assert set(WRONG) == files
+    assert all(WRONG[f] for f in files)
