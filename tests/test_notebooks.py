@@ -142,6 +142,14 @@ WRONG = {
     ],
     "solutions/08_1.py": ["answer1 = float((after_resume[1] - checkpoint[1])[0])  # with momentum"],
     "solutions/09_1.py": ["answer1 = [1, 2]  # the round-robin starts at the other worker"],
+    "solutions/10_1.py": [
+        "answer1 = (8 - 1) * M // 8  # the reduce-scatter only",
+        "answer1 = 2 * M  # a worker's push and pull",
+    ],
+    "solutions/10_2.py": [
+        "answer2 = 2 * (ALPHA + M / B)  # the fan-in forgotten",
+        "answer2 = ALPHA + 8 * M / 2 / B  # the pull forgotten",
+    ],
 }
 
 
