@@ -119,11 +119,35 @@ def test_notebook_opens_with_its_plan_and_ends_with_its_recap(path):
 # Wrong answers per exercise, mistakes a student could make: its check must say
 # "not yet", not "correct", to each.
 WRONG = {
-    "solutions/01_1.py": ["answer1 = np.full(4, 3.0)  # the last push wins"],
-    "solutions/01_2.py": ["answer2 = 3.75  # the initial 0 counted in the mean"],
-    "solutions/02_1.py": ["answer1 = -0.3  # momentum left out"],
-    "solutions/02_2.py": ["answer2 = 2  # 0.4 does not reach the threshold"],
-    "solutions/03_1.py": ["answer1 = 8 << 20  # a buffer for the sum"],
+    "solutions/01_1.py": [
+        "def predict_pull(pushes):\n    return sum(sum(p) for p in pushes)  # every push added, as with an accumulating updater",
+        "def predict_pull(pushes):\n    return pushes[-1][-1]  # the last device wins",
+        "predict_pull = 6.0  # the tutorial's case typed in",
+        "def predict_pull(pushes):\n    return 6.0  # the tutorial's case, as a function",
+    ],
+    "solutions/01_2.py": [
+        "def running_mean(key, merged, stored):\n    stored += 0.5 * (merged - stored)  # a moving average, not the mean",
+        "seen = [0]\n\n\ndef running_mean(key, merged, stored):\n    seen[0] += 1  # one counter for every key\n    stored += (merged - stored) / seen[0]",
+        "counts = {}\n\n\ndef running_mean(key, merged, stored):\n    counts[key] = counts.get(key, 1) + 1  # the initial value counted as a push\n    stored += (merged - stored) / counts[key]",
+        "running_mean = 5.0  # the mean of 2, 4 and 9 typed in",
+    ],
+    "solutions/02_1.py": [
+        "answer1 = -0.3  # momentum left out",
+        "answer1 = -(0.1 + 0.19 + 0.271 + 0.3439)  # one step too many",
+        "answer1 = 0.1 + 0.19 + 0.271  # the step's sign flipped",
+    ],
+    "solutions/02_2.py": [
+        "answer2 = 2  # 0.4 does not reach the threshold",
+        "answer2 = 1  # the first push's 0.2 taken to be sent at once",
+        "answer2 = 5  # the residual taken to need a whole 1.0",
+    ],
+    "solutions/03_1.py": [
+        "def reducer_traffic(n, nbytes):\n    return (3 * n + 1) * nbytes  # the least traffic, not this reducer's",
+        "def reducer_traffic(n, nbytes):\n    return 3 * n * nbytes + 2 * n * nbytes  # an add for every value, the first too",
+        "def reducer_traffic(n, nbytes):\n    return 3 * (n - 1) * nbytes + 2 * n * nbytes  # a single value taken to cost nothing",
+        "def reducer_traffic(n, nbytes):\n    return 2 * nbytes if n == 1 else 3 * (n - 1) * nbytes  # the pull forgotten",
+        "reducer_traffic = 17 * (1920 << 20)  # one number typed in",
+    ],
     "solutions/04_1.py": ["answer1 = 300 * 50  # not sliced"],
     "solutions/04_2.py": [
         "answer2 = {c: 2 * 1_000_000 * c[0] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}  # the servers not counted"
