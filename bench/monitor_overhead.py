@@ -2,6 +2,21 @@
 
     python bench/monitor_overhead.py [--rounds 20] [--seconds 0.25] [--warmup 0.1]
     python bench/monitor_overhead.py --cluster [--rounds 6] [--steps 200]
+        [--workers 2] [--cluster-keys 0]
+    python bench/monitor_overhead.py --inprocess [--ranks 16 64] [--keys 500] [--blocks 3]
+
+``--inprocess``: W ranks (16 and 64) on S = 4 real servers in this process
+(``bench/_watched_cluster.py``: every message pickled as Dask would; the
+servers' and ranks' event batches delivered to a notebook-side bus), each
+round a push and a pull of every one of K = 500 tiny keys by every rank. In
+blocks of rounds alternating in a rotating order: unwatched, ``monitor(kv)``
+(its model), and ``monitor(kv)`` with its dashboard built and refreshed (as a
+displayed one is, no browser). Printed: seconds (and this process's CPU
+seconds) per round, the median [range] of each watched block's ratio to the
+median unwatched block (the CPU ratio reads steadier on a shared machine: a
+neighbour's load stretches wall time more than CPU time), and whether the
+watched blocks' per-key counts were exact (W pushes and W pulls per key and
+round).
 
 ``--cluster``: a distributed run (W = 2 ranks, ``labkv.cluster.run`` on an
 embedded 2-worker LocalCluster, S = 2 servers shared with the notebook's store)
@@ -137,11 +152,13 @@ def _slower(ratio: float) -> str:
 MLP = {"w1": (64, 64), "b1": (64,), "w2": (64, 64), "b2": (64,)}
 
 
-def _mlp_steps(kv, steps: int) -> float:
-    """One rank's training loop: seconds per step (push every gradient, pull every weight)."""
-    keys = list(MLP)
-    grads = [np.full(MLP[k], 0.01, np.float32) for k in keys]
-    outs = [np.empty(MLP[k], np.float32) for k in keys]
+def _mlp_steps(kv, steps: int, shapes: dict | None = None) -> float:
+    """One rank's training loop: seconds per step (push every gradient, pull every
+    weight); ``shapes``: the keys and their shapes (the MLP's by default)."""
+    shapes = MLP if shapes is None else shapes
+    keys = list(shapes)
+    grads = [np.full(shapes[k], 0.01, np.float32) for k in keys]
+    outs = [np.empty(shapes[k], np.float32) for k in keys]
     for _ in range(5):
         kv.push(keys, grads)
         kv.pull(keys, out=outs)
@@ -155,12 +172,14 @@ def _mlp_steps(kv, steps: int) -> float:
     return elapsed
 
 
-def cluster_main(rounds: int, steps: int) -> None:
+def cluster_main(rounds: int, steps: int, workers: int = 2, keys: int = 0) -> None:
     from labkv.cluster import connect, run
 
-    with connect(n_workers=2, dashboard_address=None) as handle:
+    # keys > 0: that many tiny keys (4 floats) instead of the MLP's four
+    shapes = MLP if not keys else {f"k{i}": (4,) for i in range(keys)}
+    with connect(n_workers=workers, dashboard_address=None) as handle:
         kv = labkv.create("dist_sync", cluster=handle, num_servers=2)
-        kv.init(list(MLP), [np.zeros(shape, np.float32) for shape in MLP.values()])
+        kv.init(list(shapes), [np.zeros(shape, np.float32) for shape in shapes.values()])
         kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1))
         watchers = {
             "unwatched": lambda: None,
@@ -180,7 +199,9 @@ def cluster_main(rounds: int, steps: int) -> None:
             for name in order:
                 stop = watchers[name]()
                 try:
-                    per_rank = run(_mlp_steps, num_workers=2, kvstore=kv, args=(steps,))
+                    per_rank = run(
+                        _mlp_steps, num_workers=workers, kvstore=kv, args=(steps, shapes)
+                    )
                 finally:
                     if stop is not None:
                         stop()
@@ -190,7 +211,8 @@ def cluster_main(rounds: int, steps: int) -> None:
                 ratios[name].append(this[name] / this["unwatched"])
         kv.close()
     print(f"labkv monitor overhead on a distributed run: {rounds} rounds x {steps} steps,")
-    print("W = 2 ranks, S = 2 servers, an MLP's 4 keys pushed and pulled per step")
+    what = "an MLP's 4 keys" if not keys else f"{keys} tiny keys"
+    print(f"W = {workers} ranks, S = 2 servers, {what} pushed and pulled per step")
     print('("no-op subscriber": the events travel to the notebook, nobody draws them)')
     for name, ts in times.items():
         r = sorted(ratios[name])
@@ -200,6 +222,135 @@ def cluster_main(rounds: int, steps: int) -> None:
         )
 
 
+def inprocess_main(ranks: list[int], keys: int, blocks: int, rounds: int) -> None:
+    from _watched_cluster import WatchedCluster
+
+    print(f"labkv monitor overhead, in-process dist_sync: S = 4 servers, {keys} tiny keys,")
+    print(
+        f"each round every rank pushes and pulls every key; {blocks} x 3 blocks of {rounds} rounds"
+    )
+    for workers in ranks:
+        cluster = WatchedCluster(workers, 4, keys)
+        cluster.rounds(1)  # warm-up: every key's first round
+        times: dict[str, list[float]] = {name: [] for name in ("unwatched", "model", "dashboard")}
+        cpu: dict[str, list[float]] = {name: [] for name in times}
+        exact = True
+        refreshes: list[float] = []
+        order = list(times)
+        for block in range(blocks * len(order)):
+            name = order[(block + block // len(order)) % len(order)]
+            mon = None if name == "unwatched" else monitor(cluster.kv)
+            if name == "dashboard":
+                _ = mon.widget  # built and refreshed by its thread, as when displayed
+                mon._ticker.fn = _timed_refresh(mon.refresh, refreshes)
+            try:
+                times[name].append(cluster.rounds(rounds))
+                cpu[name].append(cluster.cpu)
+            finally:
+                if mon is not None:
+                    exact &= _counts_exact(mon, cluster, rounds)
+                    mon.close()
+        cluster.close()
+        base, base_cpu = statistics.median(times["unwatched"]), statistics.median(cpu["unwatched"])
+        print(
+            f"\nW = {workers}: unwatched {base * 1e3:7.1f} ms per round, "
+            f"{base_cpu * 1e3:7.1f} ms CPU (medians)"
+        )
+        for name in ("model", "dashboard"):
+            r = sorted(t / base for t in times[name])
+            c = sorted(t / base_cpu for t in cpu[name])
+            print(
+                f"  {name:<10} {statistics.median(times[name]) * 1e3:7.1f} ms per round:"
+                f" / unwatched {statistics.median(r):.2f} [{r[0]:.2f} .. {r[-1]:.2f}];"
+                f" CPU {statistics.median(c):.2f} [{c[0]:.2f} .. {c[-1]:.2f}]"
+            )
+        print(f"  per-key counts exact in every watched block: {'yes' if exact else 'NO'}")
+        if refreshes:
+            ms = sorted(t * 1e3 for t in refreshes)
+            print(
+                f"  dashboard refreshes: {len(ms)}, CPU median {ms[len(ms) // 2]:.1f} ms"
+                f" [{ms[0]:.1f} .. {ms[-1]:.1f}] each"
+            )
+    _event_costs(keys)
+
+
+def _timed_refresh(refresh, cpu: list[float]):
+    """``refresh``, its thread CPU time appended to ``cpu`` (what the ticker calls)."""
+
+    def timed() -> None:
+        start = time.thread_time()
+        refresh()
+        cpu.append(time.thread_time() - start)
+
+    return timed
+
+
+def _event_costs(keys: int) -> None:
+    """What one event costs where it is made and where it is folded (best of 5)."""
+    from labkv.cluster._events import ClusterBus, EventStream, pack_batch
+    from labkv.events import EventBus
+    from labkv.widgets import MonitorModel
+
+    names = list(range(keys))
+    value = np.ones(4, np.float32)
+    sizes = [16] * keys
+
+    def best(fn, number: int) -> float:
+        return min(timeit.repeat(fn, number=number, repeat=5)) / number
+
+    source = EventBus("dist_sync-cost")
+    stream = EventStream(source, lambda batch: None)
+    source.op_budget = 1
+    source.subscribe(stream._collect, detail_interval=DETAIL_INTERVAL, detail_burst=DETAIL_BURST)
+    source.count_keys("pull", names, sizes)  # the budget used up: every call only counted
+
+    def counted_call() -> None:  # counted, then sent at a flush as one record
+        source.count_keys("pull", names, sizes)
+        source.flush()
+        stream.buffer.clear()
+
+    counted = best(counted_call, 20) / keys
+
+    def detailed() -> None:
+        source.emit("pull", 1, value, rank=3, count=1, nbytes=16, extra={"start": 0.0})
+
+    made = best(detailed, 2000)
+    batch = pack_batch(stream.buffer[:500])
+    stream.buffer.clear()
+    model, bus = MonitorModel(max_pending=10**9), ClusterBus("dist_sync-cost")
+    bus.subscribe(model.on_event)
+
+    def received() -> None:
+        bus.receive((0.0, batch))
+        model.flush()
+
+    folded = best(received, 20) / 500
+    for _ in range(3):
+        source.count_keys("pull", names, sizes)
+    source.flush()
+    record = pack_batch(stream.buffer[-1:])
+    per_key = best(lambda: (bus.receive((0.0, record)), model.flush()), 50) / keys
+    print(f"\ncost per event (best of 5), {keys} keys:")
+    print(f"  a key of a watched call only counted, and flushed:  {counted * 1e6:6.2f} us")
+    print(f"  a detailed event made and collected by its stream:  {made * 1e6:6.2f} us")
+    print(f"  a detailed event received and folded (notebook):    {folded * 1e6:6.2f} us")
+    print(f"  a key of a counted-calls record received and folded: {per_key * 1e6:6.2f} us")
+
+
+def _counts_exact(mon, cluster, rounds: int) -> bool:
+    """Whether the monitor counted every push and pull of every key (the batches
+    still travelling arrive within a few flush intervals)."""
+    want = cluster.workers * rounds
+    deadline = time.monotonic() + 5.0
+    while True:
+        mon.refresh()
+        stats = mon.model.keys
+        got = [(stats[k].pushes, stats[k].pulls) if k in stats else (0, 0) for k in cluster.keys]
+        if all(g == (want, want) for g in got) or time.monotonic() > deadline:
+            return all(g == (want, want) for g in got)
+        time.sleep(0.1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None)
@@ -207,9 +358,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.1)
     parser.add_argument("--cluster", action="store_true")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=2, help="--cluster: ranks (workers)")
+    parser.add_argument("--cluster-keys", type=int, default=0, help="--cluster: tiny keys")
+    parser.add_argument("--inprocess", action="store_true")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--keys", type=int, default=500)
+    parser.add_argument("--blocks", type=int, default=3)
     args = parser.parse_args()
+    if args.inprocess:
+        inprocess_main(args.ranks, args.keys, args.blocks, args.rounds or 3)
+        return
     if args.cluster:
-        cluster_main(args.rounds or 6, args.steps)
+        cluster_main(args.rounds or 6, args.steps, args.workers, args.cluster_keys)
         return
     args.rounds = args.rounds or 20
     kv = labkv.create("local")

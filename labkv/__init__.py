@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import lr_scheduler, optimizers
+from . import lr_scheduler, optimizers, sparse
 from ._args import LengthMismatchError
 from ._arrays import array, full, ones, zeros
 from ._types import LOCAL_KINDS, store_kind
@@ -78,6 +78,7 @@ __all__ = [
     "num_gpus",
     "ones",
     "optimizers",
+    "sparse",
     "to_device",
     "zeros",
 ]

@@ -14,6 +14,7 @@ import numpy as np
 
 from ._types import Key
 from .devices import as_array, is_cupy
+from .sparse import RowSparseArray
 
 
 class LengthMismatchError(ValueError, TypeError):
@@ -54,6 +55,8 @@ def _is_array(value: Any) -> bool:
 
 
 def _one_array(value: Any, key: Key, what: str, position: int | None) -> Any:
+    if isinstance(value, RowSparseArray):
+        return value
     try:
         array = as_array(value)
     except TypeError:

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from . import lr_scheduler as _lr
-from .devices import array_module
+from ._sparse_ops import cast, put_rows, take_rows
+from .devices import array_module, device_of, to_device
 
 _REGISTRY: dict[str, type[Optimizer]] = {}
 
@@ -116,6 +117,43 @@ class Optimizer:
         """One step for key ``index``: change ``weight`` (and ``state``) in place.
         ``grad`` may be used as scratch space."""
         raise NotImplementedError
+
+    @property
+    def lazy(self) -> bool:
+        """Whether a row-sparse gradient updates only its rows (MXNet's lazy update:
+        SGD and Adam with ``lazy_update=True``, their default, and AdaGrad)."""
+        return False
+
+    def update_rows(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
+        """One step with a row-sparse gradient ``grad`` (a
+        :class:`~labkv.sparse.RowSparseArray`) for the dense ``weight``. Lazy
+        (:attr:`lazy`): only the rows ``grad`` holds change, weight decay and
+        momentum included, with the formula of :meth:`update` on those rows; else
+        every row, as for the dense gradient.
+
+        >>> import numpy as np, labkv.sparse as sparse
+        >>> opt = create("sgd", learning_rate=1.0, wd=0.5)
+        >>> w = np.ones((3, 1), np.float32)
+        >>> opt.update_rows(0, w, sparse.row_sparse_array(([[1.0]], [1]), shape=(3, 1)), ())
+        >>> w.ravel()
+        array([ 1. , -0.5,  1. ], dtype=float32)
+        """
+        device = device_of(weight)
+        data = to_device(grad.data, device, copy=False)
+        if data.dtype != weight.dtype:
+            data = cast(data, weight.dtype)
+        if not self.lazy:
+            dense = array_module(weight).zeros_like(weight)
+            put_rows(dense, grad.indices, data)
+            self.update(index, weight, dense, state)
+            return
+        rows = grad.indices
+        part = take_rows(weight, rows)
+        part_state = tuple(take_rows(s, rows) for s in state)
+        self.update(index, part, data, part_state)
+        put_rows(weight, rows, part)
+        for whole, changed in zip(state, part_state, strict=True):
+            put_rows(whole, rows, changed)
 
     def _rescaled(
         self, grad: Any, weight: Any, wd: float | None = None, clip_after_wd: bool = True

@@ -26,6 +26,7 @@ from ._summary import summarize, summarize_sum
 from ._types import Key
 from .devices import device_of
 from .events import EventBus
+from .sparse import RowSparseArray, sum_rows
 
 Items = list[tuple[Key, list[Any]]]
 
@@ -40,29 +41,55 @@ class Reporting:
 
     def _report_push(self, items: Items, start: float) -> None:
         events, rank, sizes = self.events, self.rank, self._sizes
+        if len(items) > 1 and not any(isinstance(v[0], RowSparseArray) for _, v in items):
+            # many keys: counted with one check of the bus's budget (EventBus.count_keys)
+            keys = [k for k, _ in items]
+            nbytes = [(sizes.get(k) or self._nbytes(k)) * len(v) for k, v in items]
+            for i, count, total in events.count_keys("push", keys, nbytes, rank):
+                self._emit_push(keys[i], items[i][1], count, total, start)
+            self._report_held_events()
+            return
         for k, values in items:
-            nbytes = sizes.get(k) or self._nbytes(k)
-            admitted = events.count("push", k, nbytes, len(values), rank)
+            if isinstance(values[0], RowSparseArray):  # the bytes of the rows moved
+                moved = sum(v.nbytes for v in values)
+                admitted = events.admit("push", k, moved, rank, units=len(values))
+            else:
+                nbytes = sizes.get(k) or self._nbytes(k)
+                admitted = events.count("push", k, nbytes, len(values), rank)
             if admitted:
                 self._emit_push(k, values, *admitted, start)
         self._report_held_events()
 
-    def _report_pull(self, items: Items, start: float) -> None:
+    def _report_pull(self, items: Items, start: float, moved: list[int] | None = None) -> None:
+        """Report the pulls of ``items``; ``moved``: per key, the bytes moved, where
+        that is not one whole value per out (a ``row_sparse_pull``)."""
         events, rank, sizes = self.events, self.rank, self._sizes
-        for k, outs in items:
-            nbytes = sizes.get(k) or self._nbytes(k)
-            admitted = events.count("pull", k, nbytes, len(outs), rank)
+        if moved is None and len(items) > 1:  # many keys: see _report_push
+            keys = [k for k, _ in items]
+            nbytes = [(sizes.get(k) or self._nbytes(k)) * len(outs) for k, outs in items]
+            for i, count, total in events.count_keys("pull", keys, nbytes, rank):
+                self._emit_pull(keys[i], items[i][1], count, total, start)
+            return
+        for i, (k, outs) in enumerate(items):
+            if moved is not None:
+                admitted = events.admit("pull", k, moved[i], rank, units=len(outs))
+            else:
+                nbytes = sizes.get(k) or self._nbytes(k)
+                admitted = events.count("pull", k, nbytes, len(outs), rank)
             if admitted:
-                events.emit(
-                    "pull",
-                    k,
-                    outs[0],
-                    rank=rank,
-                    devices=tuple(str(device_of(o)) for o in outs),
-                    count=admitted[0],
-                    nbytes=admitted[1],
-                    extra={"start": start},
-                )
+                self._emit_pull(k, outs, *admitted, start)
+
+    def _emit_pull(self, key: Key, outs: list[Any], count: int, nbytes: int, start: float) -> None:
+        self.events.emit(
+            "pull",
+            key,
+            outs[0],
+            rank=self.rank,
+            devices=tuple(str(device_of(o)) for o in outs),
+            count=count,
+            nbytes=nbytes,
+            extra={"start": start},
+        )
 
     def _nbytes(self, key: Key) -> int:
         """Bytes of one array of ``key`` (cached: this runs on every watched call)."""
@@ -76,7 +103,12 @@ class Reporting:
         self, key: Key, values: list[Any], count: int, nbytes: int, start: float = 0.0
     ) -> None:
         per_device = [summarize(v) for v in values]
-        total = per_device[0] if len(values) == 1 else summarize_sum(values)
+        if len(values) == 1:
+            total = per_device[0]
+        elif isinstance(values[0], RowSparseArray):
+            total = summarize(sum_rows(values, values[0].dtype, device_of(values[0])))
+        else:
+            total = summarize_sum(values)
         self.events.emit(
             "push",
             key,

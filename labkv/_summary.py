@@ -25,6 +25,8 @@ def summarize(array: Any) -> dict[str, float]:
     >>> summarize(np.array([3.0, -4.0]))
     {'min': -4.0, 'max': 3.0, 'mean': -0.5, 'norm': 5.0}
     """
+    if getattr(array, "stype", None) == "row_sparse":  # the rows it holds
+        array = array.data
     if array.size == 0:
         return {"min": math.nan, "max": math.nan, "mean": math.nan, "norm": 0.0}
     # CuPy runs kernels on the *current* GPU and refuses operands that live on another:

@@ -17,6 +17,14 @@ both spends the credit and counts the call (the calls are read back later as
 ``n - length_hint(credits)``; bytes are calls x bytes of one call). Other calls
 spend theirs in :meth:`Tallies.admit`.
 
+A budget per op: besides each slot's ``burst``, a bus hands out at most
+``burst`` x ``op_budget`` detailed events per op in every ``interval``
+(:data:`OP_BUDGET`; a cluster's event streams use 1),
+whatever the keys, ranks and servers, so that a stream's detail stays what a
+view can show when a call of each of 500 keys comes once a round from each of
+64 ranks (every slot then sees one call per window, and each call would be a
+detailed event). Calls beyond it are only counted, exactly as the others.
+
 Threads: only the calling thread adds to a slot's calls and bytes, without a lock;
 what was reported changes under the lock (in :meth:`admit` or :meth:`due`, which
 may run on another thread and reads in an order that can only fall short for a
@@ -32,11 +40,12 @@ moment, never count a call twice).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import operator
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 #: (op, key, rank, server): what one slot counts
@@ -44,6 +53,8 @@ SlotId = tuple[str, Any, int, Any]
 
 #: the bounds of a grant of credits (see module doc)
 CREDITS_MIN, CREDITS_MAX = 32, 1024
+#: per op, the detailed events a bus hands out in every interval: this many slots' bursts
+OP_BUDGET = 4
 #: the ops whose calls of one array may spend credits inline
 QUICK_OPS = ("push", "pull")
 
@@ -74,11 +85,11 @@ class _Slot:
         "unit_bytes",
     )
 
-    def __init__(self, now: float, nbytes: int):
+    def __init__(self, now: float, nbytes: int, reported: bool = True):
         #: calls and bytes counted here (inline counts are folded in later)
         self.calls, self.nbytes = 1, nbytes
         #: calls and bytes already reported in events
-        self.reported, self.reported_bytes = 1, nbytes
+        self.reported, self.reported_bytes = (1, nbytes) if reported else (0, 0)
         #: the detail window's start, detailed events used in it, calls before it
         self.window, self.used, self.window_calls = now, 1, 0
         #: credits left for calls through admit()
@@ -103,8 +114,22 @@ class Tallies:
     def __init__(self) -> None:
         self.interval = 0.0
         self.burst = 1
+        #: per op, at most ``burst * op_budget`` detailed events per interval
+        self.op_budget = OP_BUDGET
         self._slots: dict[SlotId, _Slot] = {}
         self._lock = threading.Lock()
+        #: per op, ``[window start, detailed events in it]`` (see module doc)
+        self._budget: dict[str, list] = {}
+        #: the slots counted in since due() last looked, and those holding credits
+        #: spent inline (see due())
+        #: calls of many keys kept whole once their op's detail was used up:
+        #: ``(op, rank, server, keys, bytes per key)``, counted per key by due()
+        self._bulk: collections.deque[tuple[str, int, Any, Sequence[Any], Sequence[int]]] = (
+            collections.deque()
+        )
+        #: (dicts: a flush reports them in the order they were counted)
+        self._touched: dict[SlotId, None] = {}
+        self._granted: dict[SlotId, None] = {}
         #: per op, key -> the credits a store's calls of one array spend, as
         #: ``next(credits[op].get(key, SPENT), False)`` (see module doc); every key
         #: admit() has seen is in here
@@ -133,7 +158,13 @@ class Tallies:
         """``(count, nbytes)`` of the calls a detailed event of this call stands
         for, or ``None`` when the call was only counted."""
         interval = self.interval
-        slot = self._slots.get((op, key, rank, server))
+        if server is not None and interval and self.used_up(op):
+            # A server's receipt, with no detail left: due() counts it, nothing else
+            # (a watched server got 32,000 receipts a round at 64 ranks x 500 keys).
+            self._bulk.append((op, rank, server, (key,), (nbytes,)))
+            return None
+        sid = (op, key, rank, server)
+        slot = self._slots.get(sid)
         if not interval:
             # Every call is an event; calls counted under earlier settings ride on it.
             return (1, nbytes) if slot is None else self._with_backlog(op, key, slot, nbytes)
@@ -142,36 +173,98 @@ class Tallies:
                 self._fold_quick(op, key, slot)
             if slot.credit > 0:  # > 0: configure() may zero it between check and use
                 slot.credit -= 1
-                slot.calls += 1
-                slot.nbytes += nbytes
-                return None
+                return self._counted(sid, slot, nbytes)
         now = time.monotonic()
         elapsed = now - slot.window if slot is not None else interval
         if elapsed < interval and slot.used >= self.burst:
-            slot.calls += 1
-            slot.nbytes += nbytes
-            # calls since the window's first one, which came at elapsed 0
-            since_first = slot.calls - slot.window_calls - 1
+            # calls since the window's first one (at elapsed 0), this one included
+            since_first = slot.calls + 1 - slot.window_calls - 1
             rate_fill = since_first * (interval - elapsed) / max(elapsed, 1e-6)
             grant = min(max(int(rate_fill), CREDITS_MIN), CREDITS_MAX)
             if units == 1 and server is None and op in self.credits:
                 credits = itertools.repeat(True, grant)
                 slot.unit_bytes = nbytes
                 slot.quick = (credits, grant)
+                self._granted[sid] = None  # after the grant: see due()
                 self.credits[op][key] = credits
             else:
                 slot.credit = grant
-            return None
+            return self._counted(sid, slot, nbytes)
+        budget = self._budget.get(op)
+        if budget is None or now - budget[0] >= interval:
+            budget = self._budget[op] = [now, 0]
+        spent = budget[1] >= self.burst * self.op_budget
+        if spent and slot is not None:
+            # The op's detail is used up: only counted, and so are the slot's next
+            # few calls, without reading the clock.
+            slot.credit = CREDITS_MIN
+            return self._counted(sid, slot, nbytes)
+        budget[1] += 1
         with self._lock:
             if slot is None:
-                self._slots[(op, key, rank, server)] = _Slot(now, nbytes)
+                self._slots[sid] = _Slot(now, nbytes, not spent)
                 if server is None and op in self.credits:
                     self.credits[op][key] = SPENT  # found by the inline spend from now on
+                if spent:
+                    self._touched[sid] = None
+                    return None
                 return 1, nbytes
             if now - slot.window >= interval:
                 slot.window, slot.used, slot.window_calls = now, 0, slot.calls
             slot.used += 1
             return slot.report(nbytes)
+
+    def admit_keys(
+        self, op: str, keys: Sequence[Any], nbytes: Sequence[int], rank: int = 0
+    ) -> list[tuple[int, int, int]]:
+        """:meth:`admit` for a call of many keys (``nbytes[i]``: the bytes of
+        ``keys[i]``): ``(i, count, nbytes)`` of those that get a detailed event.
+        Once the op's detail is used up, the rest of the call is kept whole and
+        counted per key by :meth:`due`: one check for the call, not one per key
+        (a rank's pull of 500 keys cost more in admit() than in the pull)."""
+        admitted = []
+        for i, key in enumerate(keys):
+            if self.interval and self.used_up(op):
+                self._bulk.append((op, rank, None, keys[i:], nbytes[i:]))
+                break
+            counted = self.admit(op, key, nbytes[i], rank)
+            if counted is not None:
+                admitted.append((i, *counted))
+        return admitted
+
+    def take(self, op: str) -> bool:
+        """Take one detailed event of ``op``'s budget for this interval, if one is left."""
+        if not self.interval:
+            return True
+        now = time.monotonic()
+        budget = self._budget.get(op)
+        if budget is None or now - budget[0] >= self.interval:
+            budget = self._budget[op] = [now, 0]
+        if budget[1] >= self.burst * self.op_budget:
+            return False
+        budget[1] += 1
+        return True
+
+    def used_up(self, op: str) -> bool:
+        """Whether the op's detailed events of this interval are all handed out."""
+        budget = self._budget.get(op)
+        return (
+            budget is not None
+            and budget[1] >= self.burst * self.op_budget
+            and time.monotonic() - budget[0] < self.interval
+        )
+
+    def counted(self, op: str, keys: Sequence[Any], nbytes: Sequence[int], server: Any) -> None:
+        """Calls counted by their owner (a server's receipts while the op's detail
+        was used up: :meth:`used_up`), reported by the next :meth:`due`."""
+        self._bulk.append((op, 0, server, keys, nbytes))
+
+    def _counted(self, sid: SlotId, slot: _Slot, nbytes: int) -> None:
+        """Count one call only; due() looks at the slot next time (marked after
+        the count: see due())."""
+        slot.calls += 1
+        slot.nbytes += nbytes
+        self._touched[sid] = None
 
     def _fold_quick(self, op: str, key: Any, slot: _Slot) -> None:
         """Add the calls counted inline to the slot (the calling thread's job):
@@ -193,15 +286,60 @@ class Tallies:
     def due(self) -> list[tuple[SlotId, int, int]]:
         """``(slot id, count, nbytes)`` of every slot with calls counted since its
         last report, which are reported by this (any thread may call it)."""
-        due = []
+        return [
+            ((op, key, counted[2], server), counted[0], counted[1])
+            for (op, _, server), keys in self.due_groups().items()
+            for key, counted in keys.items()
+        ]
+
+    def due_groups(self) -> dict[tuple[str, int, Any], dict[Any, list[int]]]:
+        """What :meth:`due` returns, grouped as a flush sends it: per ``(op, rank,
+        server)`` (a server's from every rank together, as rank 0), per key
+        ``[count, nbytes, rank]``.
+
+        Only the slots counted in since the last call are looked at (``_touched``)
+        and those whose credits are spent inline (``_granted``): a rank of a
+        500-key store has 1,000 slots, and looking at each at every flush cost
+        more than its calls. The caller marks a slot after counting in it, and this
+        unmarks it before reading it, so a call is either read now or marked again.
+        """
+        groups: dict[tuple[str, int, Any], dict[Any, list[int]]] = {}
+
+        def add(op: str, key: Any, rank: int, server: Any, calls: int, nbytes: int) -> None:
+            group = groups.setdefault((op, 0 if server is not None else rank, server), {})
+            counted = group.get(key)
+            if counted is None:
+                group[key] = [calls, nbytes, rank]
+            else:
+                counted[0] += calls
+                counted[1] += nbytes
+
         with self._lock:
-            for k, slot in list(self._slots.items()):
+            bulk = self._bulk
+            while bulk:  # the calls kept whole (admit_keys), per key
+                op, rank, server, keys, nbytes = bulk.popleft()
+                group = groups.setdefault((op, 0 if server is not None else rank, server), {})
+                for key, n in zip(keys, nbytes):
+                    counted = group.get(key)
+                    if counted is None:
+                        group[key] = [1, n, rank]
+                    else:
+                        counted[0] += 1
+                        counted[1] += n
+            touched, granted = self._touched, self._granted
+            for k in {**touched.copy(), **granted.copy()}:
+                touched.pop(k, None)
+                granted.pop(k, None)
+                slot = self._slots[k]
                 # calls and bytes before the inline count: a fold in between can only
                 # make this total fall short for now, never count a call twice
                 calls, nbytes = slot.calls, slot.nbytes
-                spent = _spent(slot.quick)
+                quick = slot.quick
+                if operator.length_hint(quick[0]):
+                    granted[k] = None  # credits left to spend inline
+                spent = _spent(quick)
                 calls, nbytes = calls + spent, nbytes + spent * slot.unit_bytes
                 if calls > slot.reported:
-                    due.append((k, calls - slot.reported, nbytes - slot.reported_bytes))
+                    add(*k, calls - slot.reported, nbytes - slot.reported_bytes)
                     slot.reported, slot.reported_bytes = calls, nbytes
-        return due
+        return groups

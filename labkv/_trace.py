@@ -78,11 +78,14 @@ def to_trace(
     >>> [(e["ph"], e["pid"], e["args"]["round"]) for e in t["traceEvents"] if e["ph"] == "B"]
     [('B', 2, 1)]
     """
+    from .events import per_key  # events imports this module
+
     keep_keys = None if keys is None else set(keys)
     keep_ranks = None if ranks is None else set(ranks)
     events = [
         e
-        for e in events
+        for record in events
+        for e in per_key(record)
         if e.op not in _SKIPPED
         and (keep_keys is None or e.key in keep_keys)
         and (

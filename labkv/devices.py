@@ -163,6 +163,8 @@ def device_of(array: Any) -> Device:
         return Device("gpu", int(array.device.id))
     if isinstance(array, np.ndarray):
         return Device("cpu", 0)
+    if getattr(array, "stype", None) == "row_sparse":  # labkv.sparse.RowSparseArray
+        return device_of(array.data)
     raise TypeError(f"not an array: {type(array).__name__}")
 
 
@@ -204,6 +206,8 @@ def to_device(array: Any, device: Device, copy: bool = True) -> Any:
     >>> to_device(np.arange(3), cpu(1))
     array([0, 1, 2], device=cpu(1))
     """
+    if getattr(array, "stype", None) == "row_sparse":  # labkv.sparse.RowSparseArray
+        return array.to_device(device, copy=copy)
     array = as_array(array)
     if device.kind == "cpu":
         host = array.get() if is_cupy(array) else np.array(array, copy=copy)

@@ -20,6 +20,7 @@ Recorded events export as a Chrome / Perfetto trace (:func:`export_trace`,
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -36,9 +37,13 @@ from ._types import Key
 from .devices import device_of
 
 __all__ = [
+    "COMPACT_AT",
     "Event",
     "EventBus",
     "Subscription",
+    "compact_rows",
+    "per_key",
+    "round_rows",
     "export_trace",
     "summarize",
     "summarize_sum",
@@ -104,6 +109,72 @@ class Event:
 
 _FIELDS = tuple(f.name for f in fields(Event))
 
+#: a flush sends the counted calls of more keys than this, of one op and process,
+#: as one record (an event with ``key`` None, ``tally`` True and the keys in ``extra``)
+COMPACT_AT = 8
+
+
+def round_rows(event: Event) -> list[tuple[Key, dict[str, Any]]]:
+    """``(key, extra)`` of each dist_sync round a ``round`` event reports: a
+    server's record of many keys' rounds (``key`` None, ``extra["rounds"]`` of
+    ``[key, round, pushed, missing, waited_s, complete]``), or one key's round.
+
+    >>> e = Event(0, 1.0, "dist_sync", "round", None, server=0, extra={"num_workers": 2,
+    ...     "rounds": [["w", 3, [0], [1], 0.5, False], ["b", 2, [0, 1], [], 0.1, True]]})
+    >>> [(key, x["round"], x["missing"], x["complete"]) for key, x in round_rows(e)]
+    [('w', 3, [1], False), ('b', 2, [], True)]
+    """
+    x = event.extra
+    if event.key is not None or "rounds" not in x:
+        return [(event.key, x)]
+    workers = x["num_workers"]
+    return [
+        (
+            key,
+            {
+                "round": number,
+                "pushed": pushed,
+                "missing": missing,
+                "num_workers": workers,
+                "waited_s": waited,
+                "complete": complete,
+            },
+        )
+        for key, number, pushed, missing, waited, complete in x["rounds"]
+    ]
+
+
+def per_key(event: Event) -> list[Event]:
+    """``event`` as events of one key each: a server's record of many keys'
+    rounds becomes one ``round`` event per key (what a trace draws)."""
+    if event.op != "round" or event.key is not None or "rounds" not in event.extra:
+        return [event]
+    return [dataclasses.replace(event, key=key, extra=x) for key, x in round_rows(event)]
+
+
+def compact_rows(event: Event) -> list[tuple[Key, int, int, dict[str, float] | None]]:
+    """``(key, count, nbytes, summary)`` of each key a counted-calls record holds
+    (:meth:`EventBus.flush`), or of the one key of any other event.
+
+    The first call of the first 4 keys had a detailed event (the op's budget, see
+    ``labkv/_tally.py``), every other call was only counted:
+
+    >>> bus = EventBus("s"); got = []
+    >>> _ = bus.subscribe(got.append, detail_interval=60)
+    >>> for key in range(COMPACT_AT + 2):
+    ...     for _ in range(3):
+    ...         _ = bus.count("pull", key, 4)
+    >>> bus.flush(), got[0].key, got[0].count
+    (1, None, 26)
+    >>> [count for _, count, _, _ in compact_rows(got[0])], compact_rows(got[0])[0]
+    ([2, 2, 2, 2, 3, 3, 3, 3, 3, 3], (0, 2, 8, None))
+    """
+    x = event.extra
+    if not event.tally or event.key is not None or "keys" not in x:
+        return [(event.key, event.count, event.nbytes, event.summary)]
+    summaries = x.get("summaries") or [None] * len(x["keys"])
+    return list(zip(x["keys"], x["counts"], x["nbytes"], summaries, strict=True))
+
 
 class Subscription:
     """Handle returned by :meth:`EventBus.subscribe`; a context manager."""
@@ -165,6 +236,9 @@ class EventBus:
         self._lock = threading.Lock()
         self._tallies = Tallies()
         self._credits = self._tallies.credits
+        #: called first by every :meth:`flush`: what owners of the bus keep to send
+        #: then (a server's rounds, one record per key per flush)
+        self.on_flush: list[Callable[[], None]] = []
         #: ``read(key) -> array or None``: a key's stored value, read without copying
         #: and without an event (the store's own); :meth:`flush` then gives the calls
         #: it reports a fresh value summary.
@@ -245,6 +319,48 @@ class EventBus:
             return None
         return self._tallies.admit(op, key, nbytes * n, rank, None, n)
 
+    def count_keys(
+        self, op: str, keys: list[Key], nbytes: list[int], rank: int = 0
+    ) -> list[tuple[int, int, int]]:
+        """:meth:`count` for a call of many keys (``nbytes[i]``: the bytes of
+        ``keys[i]``, all its arrays): ``(i, count, nbytes)`` of the keys that get
+        a detailed event now, the others only counted (once the op's detail is
+        used up, with one check for the whole call).
+
+        >>> bus = EventBus("s")
+        >>> _ = bus.subscribe(lambda e: None, detail_interval=60, detail_burst=1)
+        >>> bus.count_keys("pull", list(range(6)), [8] * 6)
+        [(0, 1, 8), (1, 1, 8), (2, 1, 8), (3, 1, 8)]
+        """
+        return self._tallies.admit_keys(op, keys, nbytes, rank)
+
+    @property
+    def op_budget(self) -> int:
+        """Per op, at most ``detail_burst`` x this many detailed events in every
+        ``detail_interval``, whatever the keys (see ``labkv/_tally.py``): 4 by
+        default; a cluster's event streams set 1 (each rank and server streams)."""
+        return self._tallies.op_budget
+
+    @op_budget.setter
+    def op_budget(self, value: int) -> None:
+        self._tallies.op_budget = int(value)
+
+    def used_up(self, op: str) -> bool:
+        """Whether ``op``'s detailed events of this interval are all handed out:
+        its calls are only counted until the next (see :meth:`counted`)."""
+        return bool(self.detail_interval) and self._tallies.used_up(op)
+
+    def take_detail(self, op: str) -> bool:
+        """Whether a call of ``op`` gets a detailed event now, by the op's budget
+        alone (taking one): for events whose owner keeps what the others carry
+        (a server's dist_ssp waits, sent as one record per key and flush)."""
+        return self._tallies.take(op)
+
+    def counted(self, op: str, keys: list[Key], nbytes: list[int], server: int | None) -> None:
+        """Calls of ``op`` that their owner counted itself while :meth:`used_up`
+        (a server's receipts: one list append each), reported at the next flush."""
+        self._tallies.counted(op, keys, nbytes, server)
+
     def admit(
         self,
         op: str,
@@ -268,7 +384,8 @@ class EventBus:
         """Deliver the calls counted since their last detailed event, as one
         ``count``-carrying event per op and key (:attr:`Event.tally` True, and
         ``summary`` the key's current value where the store lets the bus read
-        it); returns how many events that made.
+        it), or, for more than :data:`COMPACT_AT` keys of one op, one record
+        for them all (:func:`compact_rows`); returns how many events that made.
 
         >>> bus = EventBus("s"); got = []
         >>> _ = bus.subscribe(got.append, detail_interval=60)
@@ -278,30 +395,68 @@ class EventBus:
         >>> bus.flush(), [(e.count, e.nbytes, e.tally) for e in got]
         (1, [(1, 8, False), (2, 16, True)])
         """
-        due = self._tallies.due()
+        for hook in self.on_flush:
+            hook()
+        groups = self._tallies.due_groups()
         read, summaries = self._read, {}  # a key's pushes and pulls share one summary
-        for (op, key, rank, server), count, nbytes in due:
-            summary = None
+
+        def summary_of(key: Key | None, server: int | None) -> dict[str, float] | None:
+            if read is None or server is not None:
+                return None
+            if key not in summaries:
+                value = read(key)
+                summaries[key] = None if value is None else summarize(value)
+            return summaries[key]
+
+        made = 0
+        for (op, rank, server), counted in groups.items():
+            if len(counted) <= COMPACT_AT:
+                for key, (count, nbytes, by) in counted.items():
+                    summary = summary_of(key, server)
+                    self._deliver_tally(op, key, by, server, count, nbytes, summary, None)
+                    made += 1
+                continue
+            keys = list(counted)
+            extra: dict[str, Any] = {
+                "keys": keys,
+                "counts": [counted[k][0] for k in keys],
+                "nbytes": [counted[k][1] for k in keys],
+            }
             if read is not None and server is None:
-                if key not in summaries:
-                    value = read(key)
-                    summaries[key] = None if value is None else summarize(value)
-                summary = summaries[key]
-            event = Event(
-                next(self._seq),
-                time.time(),
-                self.store_id,
-                op,
-                key,
-                rank=rank,
-                server=server,
-                nbytes=nbytes,
-                count=count,
-                summary=summary,
-                tally=True,
-            )
-            self.deliver(event)
-        return len(due)
+                values = [summary_of(k, server) for k in keys]
+                if any(v is not None for v in values):  # a store that reads its values
+                    extra["summaries"] = values
+            count, nbytes = sum(extra["counts"]), sum(extra["nbytes"])
+            self._deliver_tally(op, None, rank, server, count, nbytes, None, extra)
+            made += 1
+        return made
+
+    def _deliver_tally(
+        self,
+        op: str,
+        key: Key | None,
+        rank: int,
+        server: int | None,
+        count: int,
+        nbytes: int,
+        summary: dict[str, float] | None,
+        extra: dict[str, Any] | None,
+    ) -> None:
+        event = Event(
+            next(self._seq),
+            time.time(),
+            self.store_id,
+            op,
+            key,
+            rank=rank,
+            server=server,
+            nbytes=nbytes,
+            count=count,
+            summary=summary,
+            tally=True,
+            extra={} if extra is None else extra,
+        )
+        self.deliver(event)
 
     def recent(self, n: int | None = None) -> list[Event]:
         """The last ``n`` events kept (all of the ring when ``n`` is None), oldest first."""

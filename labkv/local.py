@@ -17,17 +17,21 @@ array([2., 2.])
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ._interrupts import sigint_held
+from ._sparse_ops import gather, take_rows
 from ._types import Key
-from .devices import Device, copy_into, cpu, device_of, empty_like, is_cupy, to_device
+from .devices import Device, copy_into, cpu, device_of, empty_like, to_device
 from .optimizers import Optimizer
 from .reduce import HomeDevices
 from .shard import Shard
+from .sparse import RowSparseArray, cast_storage
+from .sparse import zeros as sparse_zeros
 from .store import Items, KVStore
 
 
@@ -42,7 +46,7 @@ class LocalStore(KVStore):
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
         placed = []
         for key, value in items:
-            keep_on_gpu = self._kind == "device" and is_cupy(value)
+            keep_on_gpu = self._kind == "device" and device_of(value).kind == "gpu"
             placed.append((key, to_device(value, device_of(value) if keep_on_gpu else cpu(0))))
         with sigint_held:  # every key or none, Ctrl-C or not
             for key, value in placed:
@@ -51,7 +55,7 @@ class LocalStore(KVStore):
     def _home_gpus(self, items: Items) -> None:
         """On a ``device`` store, move each key pushed from GPUs to its home GPU."""
         for key, values in items:
-            gpus = [device_of(v) for v in values if is_cupy(v)]
+            gpus = [d for d in map(device_of, values) if d.kind == "gpu"]
             if not gpus or key in self._homes.home:
                 continue
             stored = self._shard.read(key)
@@ -72,11 +76,38 @@ class LocalStore(KVStore):
         read = self._shard.read
         for key, outs in items:
             stored = read(key)
+            if isinstance(stored, RowSparseArray) and not all(
+                isinstance(o, RowSparseArray) for o in outs
+            ):
+                dense = cast_storage(stored, "default")
             for out in outs:
-                copy_into(out, stored)
+                if isinstance(out, RowSparseArray):
+                    out[:] = stored
+                else:
+                    copy_into(out, dense if isinstance(stored, RowSparseArray) else stored)
+
+    def _pull_rows(self, items: list[tuple[Key, np.ndarray]]) -> list[Any]:
+        # Only the rows asked for are read (and counted in the events).
+        start = time.time() if self.events.active else 0.0
+        blocks = []
+        for key, rows in items:
+            stored = self._shard.read(key)
+            if isinstance(stored, RowSparseArray):
+                device = device_of(stored)
+                blocks.append(gather(stored.data, stored.indices, rows, device, stored.dtype))
+            else:
+                blocks.append(take_rows(stored, rows))
+        if self.events.active:
+            moved = [int(b.nbytes) + int(rows.nbytes) for b, (_, rows) in zip(blocks, items)]
+            pulled = [(k, [b]) for (k, _), b in zip(items, blocks, strict=True)]
+            self._report_pull(pulled, start, moved)
+        return blocks
 
     def _new_out(self, key: Key) -> Any:
-        return empty_like(self._shard.read(key))
+        stored = self._shard.read(key)
+        if isinstance(stored, RowSparseArray):
+            return sparse_zeros("row_sparse", stored.shape, device_of(stored), stored.dtype)
+        return empty_like(stored)
 
     def _set_updater_impl(self, updater: Callable) -> None:
         self._shard.set_updater(updater)

@@ -62,12 +62,32 @@ class _WithMomentum(Optimizer):
         return (_zeros(weight),) if self.momentum != 0.0 else ()
 
 
+class _Lazy:
+    """MXNet's ``lazy_update`` option (default True): a row-sparse gradient
+    updates only its rows. Kept in the config only when False, so the configs of
+    optimizers made before it existed stay equal."""
+
+    def _set_lazy(self, lazy_update: bool) -> None:
+        self.lazy_update = bool(lazy_update)
+        if not self.lazy_update:
+            self._params["lazy_update"] = False
+
+    @property
+    def lazy(self) -> bool:
+        return self.lazy_update
+
+
 @register
-class SGD(_WithMomentum):
+class SGD(_Lazy, _WithMomentum):
     """SGD with optional momentum: ``mom = momentum*mom - lr*wd*w - lr*g``;
     ``w += mom`` (without momentum the same with ``mom = 0``), ``g`` the
     rescaled and clipped gradient. The momentum state holds MXNet's sign
-    convention (it is the negative of the usual velocity)."""
+    convention (it is the negative of the usual velocity). With a row-sparse
+    gradient and ``lazy_update=True`` (MXNet's default) only its rows change."""
+
+    def __init__(self, momentum: float = 0.0, lazy_update: bool = True, **kwargs: Any):
+        super().__init__(momentum=momentum, **kwargs)
+        self._set_lazy(lazy_update)
 
     def update(self, index: Any, weight: Any, grad: Any, state: tuple) -> None:
         self._update_count(index)
@@ -105,18 +125,25 @@ class NAG(_WithMomentum):
 
 
 @register
-class Adam(Optimizer):
+class Adam(_Lazy, Optimizer):
     """Adam; the bias correction scales the rate by ``sqrt(1-beta2^t)/(1-beta1^t)``
-    with ``t`` the key's update count."""
+    with ``t`` the key's update count. With a row-sparse gradient and
+    ``lazy_update=True`` (MXNet's default) only its rows (and their states) change."""
 
     default_lr = 0.001
 
     def __init__(
-        self, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8, **kwargs: Any
+        self,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        epsilon: float = 1e-8,
+        lazy_update: bool = True,
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
         self._params.update(beta1=beta1, beta2=beta2, epsilon=epsilon)
+        self._set_lazy(lazy_update)
 
     def create_state(self, index: Any, weight: Any) -> tuple:
         return (_zeros(weight), _zeros(weight))
@@ -136,7 +163,11 @@ class Adam(Optimizer):
 
 @register
 class AdaGrad(Optimizer):
-    """AdaGrad: ``h += g*g``; ``w += -lr * (g/sqrt(h + eps) + wd*w)``."""
+    """AdaGrad: ``h += g*g``; ``w += -lr * (g/sqrt(h + eps) + wd*w)``. A row-sparse
+    gradient updates only its rows (MXNet's sparse ``adagrad_update``, which
+    refuses ``wd``; here ``wd`` applies to those rows)."""
+
+    lazy = True
 
     def __init__(self, eps: float = 1e-7, **kwargs: Any):
         super().__init__(**kwargs)

@@ -13,6 +13,13 @@ values on a server) and then:
   stored value and keeps the copies only when every key of the call succeeded,
   so an updater that raises changes nothing.
 
+Row-sparse values (:class:`~labkv.sparse.RowSparseArray`) are summed by the union
+of their rows. With no updater a row-sparse key's value becomes that sum (as
+MXNet's, the rows not pushed are gone) and a dense key's value its dense form; an
+optimizer gets the row-sparse sum (its lazy rule, :meth:`Optimizer.update_rows`),
+a row-sparse weight first held with all its rows (MXNet requires them); a custom
+updater gets it as it is.
+
 >>> import numpy as np
 >>> shard = Shard()
 >>> shard.init(3, np.zeros(2, dtype=np.float32))
@@ -26,10 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
+from ._sparse_ops import arange_rows, put_rows
 from ._types import Key
-from .devices import device_of, empty_like, new_like, on_device, to_device
+from .devices import copy_into, device_of, empty, empty_like, on_device, to_device
 from .events import EventBus, summarize
 from .reduce import sum_into
+from .sparse import RowSparseArray, cast_storage, sum_rows
 
 Updater = Callable[[Key, Any, Any], Any]
 
@@ -148,7 +157,7 @@ class Shard:
         """Set what :meth:`export_states` gave (states from any device or the host
         are placed beside each key's value): the one place states enter a shard."""
         placed = {
-            key: tuple(new_like(self.values[key], array) for array in state)
+            key: tuple(_placed_beside(self.values[key], array) for array in state)
             for key, state in states.items()
         }
         self.optimizer.num_update = num_update
@@ -164,11 +173,14 @@ class Shard:
         self.provisional = provisional
 
     def _merged(self, key: Key, values: Sequence[Any], owned: bool = False) -> Any:
+        stored = self.values[key]
+        if isinstance(values[0], RowSparseArray):
+            merged = self._merge_buffers[key] = sum_rows(values, stored.dtype, device_of(stored))
+            return merged
         kept = self._keepable(key, values) if owned else None
         if kept is not None:
             self._merge_buffers[key] = kept
             return kept
-        stored = self.values[key]
         buffer = self._merge_buffers.get(key)
         if buffer is None:
             buffer = self._merge_buffers[key] = empty_like(stored)
@@ -209,11 +221,37 @@ class Shard:
             self._apply_updater(batch, owned)
         else:
             for key, values in batch:
+                if isinstance(values[0], RowSparseArray):
+                    self._assign_rows(key, values)
+                    continue
                 kept = self._keepable(key, values) if owned else None
                 if kept is None:
                     sum_into(self.values[key], values)
                 else:
                     self.values[key] = kept
+
+    def _assign_rows(self, key: Key, values: Sequence[RowSparseArray]) -> None:
+        stored = self.values[key]
+        merged = sum_rows(values, stored.dtype, device_of(stored))
+        if isinstance(stored, RowSparseArray):
+            self.values[key] = merged
+            return
+        with on_device(device_of(stored)):
+            stored.fill(0)
+        put_rows(stored, merged.indices, merged.data)
+
+    def _dense_weight(self, key: Key) -> Any:
+        """The dense array an optimizer updates for ``key``: the value itself, or the
+        data of a row-sparse value, first given all its rows (absent rows are zero)."""
+        weight = self.values[key]
+        if not isinstance(weight, RowSparseArray):
+            return weight
+        if len(weight.indices) != weight.shape[0]:
+            rows = arange_rows(weight.shape[0])
+            weight = self.values[key] = RowSparseArray(
+                cast_storage(weight, "default"), rows, weight.shape
+            )
+        return weight.data
 
     def _keepable(self, key: Key, values: Sequence[Any]) -> Any:
         """The single value of ``values`` when it can stand in for the stored
@@ -234,7 +272,7 @@ class Shard:
     def _apply_optimizer(self, batch: Sequence[tuple[Key, Sequence[Any]]], owned: bool) -> None:
         optimizer, watch = self.optimizer, self.events is not None and self.events.active
         for key, values in batch:
-            weight = self.values[key]
+            weight = self._dense_weight(key)
             grad = self._merged(key, values, owned)
             admitted = watch and self.events.admit(
                 "optimizer", key, int(grad.nbytes), self.rank, self.server
@@ -243,7 +281,10 @@ class Shard:
             with on_device(device_of(weight)):  # states and temporaries beside the weight
                 if key not in self.states:
                     self.states[key] = optimizer.create_state(key, weight)
-                optimizer.update(key, weight, grad, self.states[key])
+                if isinstance(grad, RowSparseArray):
+                    optimizer.update_rows(key, weight, grad, self.states[key])
+                else:
+                    optimizer.update(key, weight, grad, self.states[key])
             if admitted:
                 self._emit(
                     "optimizer", key, grad, before, weight, admitted, optimizer=optimizer.name
@@ -315,3 +356,11 @@ class Shard:
         self.deferred.clear()
         for args, fields in deferred:
             self.events.emit(*args, **fields)
+
+
+def _placed_beside(value: Any, state: Any) -> Any:
+    """A state array (from any device or the host) as a new array of ``value``'s
+    dense shape and dtype, on its device (a row-sparse value's states are dense)."""
+    placed = empty(value.shape, value.dtype, device_of(value))
+    copy_into(placed, state.reshape(value.shape))
+    return placed

@@ -33,13 +33,17 @@ from ._args import (
 from ._checks import Checks
 from ._reporting import Reporting
 from ._rows import row_id_lists
+from ._sparse_checks import check_push, dense_outs
+from ._sparse_ops import gather, take_rows
+from ._sparse_pull import fill_out, sliced_rows
 from ._types import DIST_KINDS, Key
 from ._updating import Updating
 from .compression import GradientCompression
-from .devices import array_module, copy_into
+from .devices import device_of
 from .events import EventBus
 from .optimizers import Optimizer
 from .shard import check_new_keys
+from .sparse import RowSparseArray
 
 Items = list[tuple[Key, list[Any]]]
 
@@ -59,6 +63,7 @@ class KVStore(Checks, Updating, Reporting):
         self.events = EventBus(self._id, read=self._stored)
         self._meta: dict[Key, tuple[tuple[int, ...], np.dtype]] = {}
         self._sizes: dict[Key, int] = {}
+        self._sparse: set[Key] = set()  # the keys holding a row-sparse value
         self._key_kind: type | None = None
         self._compression: GradientCompression | None = None
         self._optimizer: Optimizer | None = None
@@ -138,6 +143,8 @@ class KVStore(Checks, Updating, Reporting):
         self._init_impl(items)
         for k, array in items:
             self._meta[k] = (tuple(array.shape), np.dtype(array.dtype))
+            if isinstance(array, RowSparseArray):
+                self._sparse.add(k)
         if self._key_kind is None:
             self._key_kind = type(keys[0])
         if self.events.active:
@@ -166,6 +173,8 @@ class KVStore(Checks, Updating, Reporting):
         start = time.time() if self.events.active else 0.0  # the start of its span in a trace
         commit = None
         sent = items
+        for k, values in items:
+            check_push(k, k in self._sparse, values, self._compression)
         if self._compression is not None:
             for k, _ in items:
                 self._compression.check(k, self._meta[k][1])
@@ -188,7 +197,10 @@ class KVStore(Checks, Updating, Reporting):
         """Copy the stored values into ``out`` (each array on its own device).
 
         With ``out=None`` new arrays are returned (an array for one key, a
-        list for a list of keys); otherwise nothing is returned.
+        list for a list of keys); otherwise nothing is returned. A row-sparse
+        key is written into a dense ``out`` whole; a row-sparse ``out`` is
+        left as it is with ``ignore_sparse=True`` (with MXNet's warning: use
+        :meth:`row_sparse_pull`), and gets the whole value with ``False``.
 
         >>> import labkv, numpy as np
         >>> kv = labkv.create()
@@ -203,17 +215,20 @@ class KVStore(Checks, Updating, Reporting):
             self._check_known(keys)
             fresh = [self._new_out(k) for k in keys]
             if keys:
-                self._pull_items(list(zip(keys, [[a] for a in fresh], strict=True)))
+                self._pull_items(list(zip(keys, [[a] for a in fresh], strict=True)), False)
             return fresh[0] if single else fresh
         keys, _, outs = self._prepare(key, out, "out")
         for k, arrs in zip(keys, outs, strict=True):
             self._check_writable(k, arrs)
         if keys:
-            self._pull_items(list(zip(keys, outs, strict=True)))
+            self._pull_items(list(zip(keys, outs, strict=True)), ignore_sparse)
         return None
 
-    def _pull_items(self, items: Items) -> None:
+    def _pull_items(self, items: Items, ignore_sparse: bool = True) -> None:
         start = time.time() if self.events.active else 0.0
+        if ignore_sparse and any(type(o) is RowSparseArray for _, outs in items for o in outs):
+            items = [(k, dense_outs(outs, True)) for k, outs in items]
+            items = [(k, outs) for k, outs in items if outs]
         self._pull_impl(items)
         if self.events.active:
             self._report_pull(items, start)
@@ -268,8 +283,13 @@ class KVStore(Checks, Updating, Reporting):
     def row_sparse_pull(
         self, key: Key | Sequence[Key], out: Any = None, row_ids: Any = None, priority: int = 0
     ) -> Any:
-        """Pull only the rows ``row_ids`` of each value; the other rows of
-        ``out`` are set to zero (a dense picture of MXNet's row-sparse result).
+        """Pull only the rows ``row_ids`` of each value.
+
+        A :class:`~labkv.sparse.RowSparseArray` ``out`` gets exactly those rows,
+        unique and sorted (as MXNet), on its own device; a dense ``out`` gets them
+        with its other rows set to zero. Only the rows asked for are read. With
+        ``out=None`` new outs are returned: row-sparse for a row-sparse key, dense
+        for a dense one.
 
         ``row_ids`` is an array of row numbers (one for all outs of a key, or
         one per out; for a list of keys, a list of those): ints, or floats
@@ -278,11 +298,15 @@ class KVStore(Checks, Updating, Reporting):
         >>> import labkv, numpy as np
         >>> kv = labkv.create()
         >>> kv.init(0, np.arange(6.0).reshape(3, 2))
-        >>> kv.row_sparse_pull(0, out=np.empty((3, 2)), row_ids=np.array([2]))
         >>> kv.row_sparse_pull(0, row_ids=np.array([2]))
         array([[0., 0.],
                [0., 0.],
                [4., 5.]])
+        >>> rows = labkv.sparse.zeros("row_sparse", (3, 2), dtype="float64")
+        >>> kv.row_sparse_pull(0, out=rows, row_ids=np.array([2, 0, 2]))
+        >>> rows.indices, rows.data
+        (array([0, 2]), array([[0., 1.],
+               [4., 5.]]))
         """
         if row_ids is None:
             raise TypeError("row_sparse_pull needs row_ids")
@@ -297,19 +321,29 @@ class KVStore(Checks, Updating, Reporting):
         id_lists = row_id_lists(shapes, keys, single, out_lists, row_ids)
         for k, outs in zip(keys, out_lists, strict=True):
             self._check_writable(k, outs)
-        full = [self._new_out(k) for k in keys]
+        wanted = [np.unique(np.concatenate(ids)) for ids in id_lists]
         if keys:
-            self._pull_items([(k, [f]) for k, f in zip(keys, full, strict=True)])
-        for f, outs, ids in zip(full, out_lists, id_lists, strict=True):
-            for o, rows in zip(outs, ids, strict=True):
-                copy_into(o, f)
-                others = np.ones(o.shape[0], dtype=bool)
-                others[rows] = False
-                o[array_module(o).asarray(others)] = 0
+            blocks = self._pull_rows(list(zip(keys, wanted, strict=True)))
+            for block, rows, outs, ids in zip(blocks, wanted, out_lists, id_lists, strict=True):
+                for o, out_rows in zip(outs, ids, strict=True):
+                    fill_out(o, *sliced_rows(block, rows, np.unique(out_rows)))
         if returned:
             fresh = [o[0] for o in out_lists]
             return fresh[0] if single else fresh
         return None
+
+    def _pull_rows(self, items: list[tuple[Key, np.ndarray]]) -> list[Any]:
+        """Per ``(key, rows)``: the rows ``rows`` (sorted, unique) of the value, an
+        array of ``len(rows)`` rows on any device. This default pulls whole values
+        (and reports those pulls); a backend that can read rows alone overrides it."""
+        full = [self._new_out(k) for k, _ in items]
+        self._pull_items([(k, [f]) for (k, _), f in zip(items, full, strict=True)], False)
+        return [
+            gather(f.data, f.indices, rows, device_of(f), f.dtype)
+            if isinstance(f, RowSparseArray)
+            else take_rows(f, rows)
+            for f, (_, rows) in zip(full, items, strict=True)
+        ]
 
     # -- reading without a pull ------------------------------------------------------
     def peek(self, key: Key) -> Any:

@@ -63,10 +63,10 @@ def test_a_pull_is_made_again_without_the_pushes_it_carried():
     g = Group()
     primary, backup = g.replicas
     primary.fail["pull"] = [OSError("the connection broke")]
-    pull = Pull(SENDER, 3, ["w"], None, None, (b"a held push",))
+    pull = Pull(SENDER, 3, ["w"], None, None, None, (b"a held push",))
     assert g.link.call("pull", pull).result(1) == "pull by s0-r1"
     assert backup.methods() == ["promote", "replay", "pull"]
-    assert backup.calls[2][1] == (Pull(SENDER, 3, ["w"], None, None, ()),)
+    assert backup.calls[2][1] == (Pull(SENDER, 3, ["w"], None, None, None, ()),)
 
 
 def test_a_failed_update_the_rank_was_told_of_is_not_raised_twice():
@@ -77,7 +77,7 @@ def test_a_failed_update_the_rank_was_told_of_is_not_raised_twice():
         return mark_failed_update(mark_answer(ValueError("too big"), 0), 0, seqs)
 
     primary.fail["pull"] = [told({"w": 4}), told({"w": 4}), None, told({"w": 5})]
-    pull = Pull(SENDER, 5, ["w"], None, None, ())
+    pull = Pull(SENDER, 5, ["w"], None, None, None, ())
     with pytest.raises(ValueError, match="too big"):
         g.link.call("pull", pull).result(1)
     # told again (a new primary reports it again): the call is made again, once

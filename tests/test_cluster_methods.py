@@ -66,7 +66,7 @@ def test_only_message_arguments_are_encoded():
     push = Push(header, pack([np.ones(2)]), [])
     (sent,) = _encoded("push", (push,))
     assert isinstance(sent, bytes) and decode_push(sent).header.seq == 1
-    pull = Pull("s", 1, ["w"], None, None, ())
+    pull = Pull("s", 1, ["w"], None, None, None, ())
     assert isinstance(_encoded("pull", (pull,))[0], bytes)
     assert _encoded("peek", (["w"],)) == [["w"]]
     assert _encoded("promote", ((("a", "k"),),)) == [(("a", "k"),)]  # a tuple, left alone

@@ -83,7 +83,7 @@ def test_a_small_message_travels_as_one_frame_and_a_big_one_as_a_tuple():
 
 
 def test_a_pull_and_its_reply_round_trip():
-    pull = Pull("sender-1", 5, ["a", "big"], None, None, (b"held push",))
+    pull = Pull("sender-1", 5, ["a", "big"], None, None, None, (b"held push",))
     assert decode_pull(_travel(pull)) == pull
     values = [np.ones((2, 3), "f4"), np.arange(1 << 14, dtype="f8")]
     reply = decode_values(_travel(pack_values(values)))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import labkv
-from labkv.events import Event, EventBus, summarize
+from labkv.events import COMPACT_AT, Event, EventBus, compact_rows, summarize
 
 
 def test_each_call_reports_its_events_in_order():
@@ -218,3 +218,48 @@ def test_a_tally_event_summarises_the_stored_value_and_a_store_that_cannot_read_
     bus.count("pull", "w", 8), bus.count("pull", "w", 8)
     bus.flush()
     assert [(e.count, e.summary) for e in seen if e.tally] == [(1, None)]
+
+
+def test_a_budget_per_op_bounds_the_detail_of_many_keys_with_exact_counts():
+    # 500 keys pulled together, each once a "round" (as a rank of a big run does):
+    # every key's slot sees one call per window, so only the op's budget bounds the
+    # detail. Calls of many keys are counted with one check, concurrently flushed.
+    kv = labkv.create()
+    keys = list(range(500))
+    kv.init(keys, [np.zeros(4, np.float32)] * len(keys))
+    got: list[Event] = []
+    lock = threading.Lock()
+
+    def record(event):
+        with lock:
+            got.append(event)
+
+    kv.events.subscribe(record, detail_interval=60, detail_burst=4)
+    assert kv.events.op_budget == 4
+    stop = threading.Event()
+
+    def keep_flushing():
+        while not stop.is_set():
+            kv.events.flush()
+
+    flusher = threading.Thread(target=keep_flushing)
+    flusher.start()
+    outs = [np.empty(4, np.float32) for _ in keys]
+    try:
+        for _ in range(20):
+            kv.pull(keys, out=outs)
+    finally:
+        stop.set()
+        flusher.join()
+    kv.events.flush()
+    pulled = [e for e in got if e.op == "pull"]
+    assert len([e for e in pulled if not e.tally]) == 4 * 4  # burst x budget, of 10,000 calls
+    per_key: dict = {}
+    for e in pulled:
+        for key, count, nbytes, summary in compact_rows(e):
+            per_key[key] = per_key.get(key, 0) + count
+            assert nbytes == 16 * count
+            assert summary is None or summary["mean"] == 0.0
+    assert per_key == dict.fromkeys(keys, 20)
+    records = [e for e in pulled if e.key is None]
+    assert records and all(e.tally and len(e.extra["keys"]) > COMPACT_AT for e in records)

@@ -10,10 +10,14 @@ import pytest
 import labkv
 from labkv.events import Event, EventBus
 from labkv.widgets import MonitorModel, monitor
+from labkv.widgets._clocks import clocks_grid
+from labkv.widgets._fanin import fanin_grid, fanin_note
 from labkv.widgets._html import table_html
 from labkv.widgets._tables import (
     EventRows,
+    clocks_table,
     fanin_table,
+    fmt_time,
     keys_table,
     log_row,
     log_table,
@@ -235,23 +239,54 @@ def test_fanin_grid_shows_the_rank_held_back_as_missing():
     ):
         model.on_event(ev)
     model.flush()
-    headers, rows = fanin_table(model, now=102.0)
+    headers, rows = fanin_table(model)
     assert headers == ["key", "round", "waited", "state", "rank 0", "rank 1", "rank 2"]
-    assert rows[0] == ["w", "4", "2.5 s", "waiting for 1", "pushed", "pushed", "MISSING"]
+    # a waiting round says since when (100 s, less the 0.5 s it had waited), not for how long
+    since = f"since {fmt_time(99.5)}"
+    assert rows[0] == ["w", "4", since, "waiting for 1", "pushed", "pushed", "MISSING"]
     assert rows[1] == ["b", "4", "0.5 s", "complete", "pushed", "pushed", "pushed"]
+    assert fanin_note(model, now=102.0) == (
+        "1 of 2 keys waiting, the oldest for 2.5 s: rank 2 missing on 1 key"
+    )
     html = table_html(headers, rows, "labkv-fanin")
     assert '<td class="labkv-missing">MISSING</td>' in html
     model.on_event(_round("w", 0, 4, [0, 1, 2], 3, complete=True, t=103.0))
     model.on_event(_round("w", 1, 4, [0, 1, 2], 3, complete=True, t=103.0))
     model.flush()
-    assert fanin_table(model, now=110.0)[1][0][3:] == ["complete", "pushed", "pushed", "pushed"]
+    assert fanin_table(model)[1][0][3:] == ["complete", "pushed", "pushed", "pushed"]
+    assert fanin_note(model, now=110.0) == "every round complete (2 keys)"
     model.on_event(_round("w", 0, 5, [2], 3, t=111.0))  # next round started on one server
     model.flush()
-    assert fanin_table(model, now=111.0)[1][0][1:] == ["5", "0.5 s", "waiting for 2"] + [
+    assert fanin_table(model)[1][0][1:] == [
+        "5",
+        f"since {fmt_time(110.5)}",
+        "waiting for 2",
         "MISSING",
         "MISSING",
         "pushed",
     ]
+
+
+def test_the_fanin_line_names_the_rank_that_holds_many_keys_up():
+    model = MonitorModel()
+    workers, keys = 64, 500
+    for k in range(keys):  # rank 17 has not pushed every 12th key; the others are complete
+        pushed = [r for r in range(workers) if r != 17 or k % 12]
+        model.on_event(_round(k, 0, 9, pushed, workers, complete=len(pushed) == workers))
+    model.flush()
+    held = sum(1 for k in range(keys) if k % 12 == 0)
+    assert fanin_note(model, now=112.5) == (
+        f"{held} of {keys} keys waiting, the oldest for 13 s: rank 17 missing on {held} keys"
+    )
+    # the dashboard's grid: the waiting keys first, rank 17's column and the others in one
+    headers, rows, caption = fanin_grid(model)
+    assert headers == ["key", "round", "waited", "state", "rank 17", "other ranks"]
+    assert len(rows) == 20 and {r[0] for r in rows} <= {str(k) for k in range(0, keys, 12)}
+    assert all(r[3:] == ["waiting for 1", "MISSING", "63 pushed"] for r in rows)
+    assert caption.startswith(f"20 of {keys} keys shown, the {held} waiting first")
+    html = table_html(headers, rows, "labkv-fanin")
+    full = table_html(*fanin_table(model), "labkv-fanin")
+    assert len(html) < 5_000 < 500_000 < len(full)  # all 500 x 64 cells: what it was
 
 
 def test_server_load_from_load_events():
@@ -388,3 +423,32 @@ def test_counted_calls_and_finished_rounds_mark_the_value_for_a_new_read():
     model.on_event(Event(1, 3.0, "dist_sync", "round", "w", server=0, extra=done))
     model.flush()
     assert model.take_changed() == {"w"}  # the round's update is applied now
+
+
+def test_the_clocks_panel_of_many_ranks_shows_the_slowest_and_the_waiters():
+    model = MonitorModel()
+    for key in range(500):  # rank 17 behind on every key; rank 3's pulls waited for it
+        clocks = [12] * 64
+        clocks[17] = 7 + key % 3
+        model.on_event(
+            Event(
+                0,
+                1.0,
+                "dist_ssp",
+                "clock",
+                key,
+                rank=3,
+                server=0,
+                extra={"clocks": clocks, "staleness": 4, "waited_s": 0.25},
+            )
+        )
+    model.flush()
+    headers, rows, caption = clocks_grid(model)
+    assert headers[4:] == ["rank 3", "rank 17", "other ranks"]
+    assert len(rows) == 20 and all(r[3] == "5" for r in rows)  # the widest spread first
+    assert all(r[2] == "rank 17" and r[5].endswith("SLOWEST") for r in rows)
+    assert rows[0][4] == "12 · waited 0.25 s (last 0.25 s)"
+    assert rows[0][6] == "62 at clock 12, waited 0.00 s"
+    assert caption.startswith("20 of 500 keys shown")
+    small = table_html(headers, rows, "labkv-clocks")
+    assert len(small) < 6_000 < 300_000 < len(table_html(*clocks_table(model), "labkv-clocks"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -188,10 +187,15 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
     assert d.plots.load_source.data["ys"][2] == [4.0]  # 4096 bytes, in KiB
     # the legend sits beside the plot area, not over the lines
     assert d.plots.load_fig.legend[0] in d.plots.load_fig.right
-    first = d.fanin.value
-    assert wait_until(
-        lambda: d.fanin.value != first, timeout=5.0
-    )  # the waiting time keeps counting
+    # the waiting time keeps counting in the line above the grid; the grid is not re-sent
+    assert "1 of 1 keys waiting" in d.fanin_note.value
+    assert "1 key wait for rank 1" in d.header.value  # the header says who, with no time
+    assert "rank 1 missing on 1 key" in d.fanin_note.value
+    grids, notes = [], []
+    d.fanin.observe(grids.append, names="value")
+    d.fanin_note.observe(notes.append, names="value")
+    assert wait_until(lambda: len(notes) >= 2, timeout=5.0)
+    assert grids == []
 
 
 def test_hostile_key_is_text_in_every_widget(watched):
@@ -311,10 +315,31 @@ def test_timeline_shows_a_straggler_and_the_waits_for_it(watched):
     assert "timeline of key w" in plots.timeline_fig.title.text
 
 
+def _bundle(widget) -> str:
+    """What a new view of a bokeh widget draws first: its document as the widget holds it."""
+    from bokeh.core.json_encoder import serialize_json
+
+    return serialize_json(widget.render_bundle)
+
+
+def _json(text: str) -> str:
+    """``text`` as it appears inside a JSON string."""
+    return json.dumps(text)[1:-1]
+
+
+def _sends(widget) -> list:
+    """Record what ``widget`` sends to the page: patches and state (``render_bundle``)."""
+    sent = []
+    widget.send = lambda msg, buffers=None: sent.append(("patch", msg))
+    widget.send_state = lambda key=None: sent.append(("state", key))
+    return sent
+
+
 def test_a_monitor_displayed_after_its_events_sends_the_timelines_title_and_tracks(watched):
-    """Events first, the dashboard later: the timeline drawn while its tab had no view
-    in the page must reach the page when the tab is shown, title and tracks too (not
-    only its bars), although nothing changed since."""
+    """Events first, the dashboard later: a bokeh view draws the widget's bundle, then
+    the patches that reach it, so a plot drawn before the page had a view of it must be
+    in the bundle (title and tracks, not only its bars), and a view that appears after
+    later patches gets the bundle again. Nothing is sent again when nothing changed."""
     kv, mon = watched
     t = time.time()
     kv.events.deliver_many(
@@ -322,23 +347,63 @@ def test_a_monitor_displayed_after_its_events_sends_the_timelines_title_and_trac
     )
     _ = mon.widget
     d = mon.dashboard
-    show(d, "timeline")  # drawn while the page may have no view of it yet
     plots = d.plots
+    widget = plots.timeline_widget
+    assert "timeline: no events yet" in _bundle(widget)  # as first made
+    show(d, "timeline")  # drawn while the page has no view of it
     title, tracks = plots.timeline_fig.title.text, plots.timeline_fig.y_range.factors
     assert "4 spans" in title and tracks == ["rank 1 · calls", "rank 0 · calls"]
-    sent = []
-    plots.timeline_widget.send = lambda msg, buffers=None: sent.append(msg.get("payload"))
+    bundle = _bundle(widget)
+    assert _json(title) in bundle and "no events yet" not in bundle
+    assert all(_json(track) in bundle for track in tracks)
+    widget.set_state({"_view_count": 1})  # the page shows it (as its comm message does)
+    sent = _sends(widget)
     show(d, "keys")
-    show(d, "timeline")  # the tab shown again: nothing changed, all is sent again
-    changed = {}  # attribute -> its last value sent to the page
-    for payload in sent:
-        with contextlib.suppress(TypeError, ValueError):
-            for event in json.loads(payload).get("events", []):
-                if event.get("kind") == "ModelChanged":
-                    changed[event["attr"]] = event["new"]
-    assert changed.get("text") == title and changed.get("factors") == tracks
-    assert plots.timeline_fig.title.text == title
-    assert plots.timeline_fig.y_range.factors == tracks
+    show(d, "timeline")  # shown again, nothing changed: nothing sent
+    assert sent == []
+    kv.events.deliver(Event(9, t + 1.0, "dist_sync", "push", "w", rank=2))
+    mon.refresh()
+    assert [kind for kind, _ in sent] and {kind for kind, _ in sent} == {"patch"}
+    assert _json("rank 2 · calls") not in _bundle(widget)  # the view has it from the patches
+    sent.clear()
+    widget.set_state({"_view_count": 2})  # a second view: it starts from the bundle
+    mon.refresh()
+    assert any(kind == "state" for kind, _ in sent)
+    assert _json("rank 2 · calls") in _bundle(widget)
+
+
+def test_a_hidden_plot_gets_nothing_and_a_tick_of_the_clock_sends_nothing(watched):
+    """A busy store with the keys tab shown: the hidden timeline, value and load plots
+    are sent nothing; refreshes with no new events send nothing at all."""
+    kv, mon = watched
+    _ = mon.widget
+    d = mon.dashboard
+    plots = d.plots
+    for w in (plots.timeline_widget, plots.value_widget, plots.load_widget):
+        w.set_state({"_view_count": 1})
+    sent = {w: _sends(w) for w in (plots.timeline_widget, plots.value_widget, plots.load_widget)}
+    kv.init("w", np.zeros(3))
+    t = time.time()
+    for i in range(50):
+        kv.push("w", np.ones(3))
+        kv.events.deliver(_round("w", 0, i, [0], 2, t=t))
+        kv.events.deliver(
+            Event(0, t, "dist_sync", "load", None, server=0, extra={"bytes_in": 8 * i})
+        )
+        mon.refresh()
+    assert all(s == [] for s in sent.values()), {w.model_id: len(s) for w, s in sent.items()}
+    assert "<td>w</td>" in d.keys.value
+    html = [w for w in (d.header, d.keys, d.fanin, d.log, d.trace, d.servers, d.clocks)]
+    before = [w.value for w in html]
+    changes = []
+    for w in html:
+        w.observe(changes.append, names="value")
+    for _ in range(3):  # only time passes
+        time.sleep(0.05)
+        mon.refresh()
+    assert changes == [] and [w.value for w in html] == before
+    show(d, "timeline")  # shown: drawn now, with patches only (the page has its view)
+    assert sent[plots.timeline_widget] and {k for k, _ in sent[plots.timeline_widget]} == {"patch"}
 
 
 def test_only_the_shown_tab_is_redrawn_and_a_closed_monitor_draws_every_tab(monkeypatch):
@@ -371,21 +436,26 @@ def test_only_the_shown_tab_is_redrawn_and_a_closed_monitor_draws_every_tab(monk
     assert d.trace.value and "(closed)" in d.header.value
 
 
-def test_hidden_tabs_are_drawn_once_in_a_while():
-    # while a cell runs the kernel does not hear of a click on another tab: the
-    # tab must already be recent when it is shown
+def test_hidden_tabs_are_drawn_once_in_a_while(monkeypatch):
+    # while a cell runs the kernel does not hear of a click on another tab: its
+    # tables must already be recent when it is shown; its plots are drawn then
     kv = labkv.create("local")
     # 1.5 s: the first refresh comes well within it even on a loaded machine
     mon = monitor(kv, hz=20, hidden_tabs_s=1.5)
     _ = mon.widget
     d = mon.dashboard
+    peeks = []
+    peek = kv.peek
+    monkeypatch.setattr(kv, "peek", lambda key: (peeks.append(key), peek(key))[1])
     kv.init("w", np.zeros(3))
     kv.push("w", np.ones(3))
     mon.refresh()
     assert d.log.value == ""  # hidden and drawn less than 1.5 s ago
     assert wait_until(lambda: "<td>push</td><td>w</td>" in d.log.value, timeout=10.0)
-    assert "key w: 3 float64" in d.value_caption.value
+    assert d.value_caption.value == "" and peeks == []  # a plot's tab: drawn when shown
     assert d.tab == 0  # never shown
+    show(d, "value & updates")
+    assert "key w: 3 float64" in d.value_caption.value and peeks == ["w"]
     mon.close()
 
 
@@ -421,7 +491,7 @@ def test_every_part_has_its_widgets_and_a_wrong_name_lists_them():
     for name, widgets in [
         ("keys", ["keys"]),
         ("updates", ["trace_note", "trace"]),
-        ("fan-in", ["fanin"]),
+        ("fan-in", ["fanin_note", "fanin"]),
         ("clocks", ["clocks"]),
         ("servers", ["servers"]),
         ("events", ["log"]),
@@ -482,3 +552,33 @@ def test_a_monitor_without_ipywidgets_names_the_extra_to_install(monkeypatch, ca
         assert "labkv[lab]" in shown and str(mon).splitlines()[0] in shown
     finally:
         mon.close()
+
+
+def test_a_timeline_of_many_ranks_folds_its_tracks_and_says_what_its_ring_holds():
+    kv = labkv.create("local")
+    mon = monitor(kv, hz=20, timeline_size=300)
+    _ = mon.widget
+    d = mon.dashboard
+    t = time.time()
+    events = [  # 64 ranks' pulls over 0.3 s (rank 17's take longest), one server's receipts
+        Event(
+            i,
+            t + 0.001 * i,
+            "dist_sync",
+            "pull",
+            "w",
+            rank=i % 64,
+            extra={"start": t + 0.001 * i - (0.2 if i % 64 == 17 else 0.01)},
+        )
+        for i in range(320)
+    ] + [Event(400, t + 0.3, "dist_sync", "push", "w", rank=0, server=0)]
+    kv.events.deliver_many(events)
+    show(d, "timeline")
+    fig = d.plots.timeline_fig
+    tracks = fig.y_range.factors
+    assert len(tracks) <= 16 and "rank 17 · calls" in tracks and "server 0 · receipts" in tracks
+    assert any(track.endswith("other ranks · calls") for track in tracks)
+    assert set(d.plots.timeline_source.data["track"]) <= set(tracks)
+    # the ring keeps the last 300 events, 0.28 s of them: the title says so, not "last 5 s"
+    assert "last 0.28 s (all kept)" in fig.title.text and "65 tracks in" in fig.title.text
+    mon.close()

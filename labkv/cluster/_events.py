@@ -51,6 +51,26 @@ from ..events import Event, EventBus, Subscription
 FLUSH_INTERVAL_S = 0.1
 
 
+#: the ranks of a run share the detail the notebook asks for once there are more than this
+RANKS_IN_DETAIL = 8
+
+
+def rank_detail(bus: EventBus, ranks: int) -> tuple[float, int]:
+    """The detail each of ``ranks`` ranks streams with: the notebook's
+    (``bus.detail_interval``, ``bus.detail_burst``), its interval stretched so
+    that all ranks together send as many detailed events as
+    :data:`RANKS_IN_DETAIL` ranks would. Each rank's stream has its own budget
+    per op (``labkv/_tally.py``): at 64 ranks, 64 of them were more detail than
+    any view shows, and cost the run more than its counts.
+
+    >>> bus = ClusterBus("demo")
+    >>> _ = bus.subscribe(print, detail_interval=0.1, detail_burst=4)
+    >>> rank_detail(bus, 4), rank_detail(bus, 64)
+    ((0.1, 4), (0.8, 4))
+    """
+    return bus.detail_interval * max(1.0, ranks / RANKS_IN_DETAIL), bus.detail_burst
+
+
 def topic_of(store_id: str) -> str:
     """The ``log_event`` topic of a store's events.
 
@@ -107,6 +127,9 @@ class EventStream:
                 return
             self.bus.flush()  # what was counted under the old settings
             sub.unsubscribe()
+        # Each rank and server streams: one detailed slot's burst per op and interval
+        # each is plenty for the notebook's views (labkv/_tally.py).
+        self.bus.op_budget = 1
         self._sub = self.bus.subscribe(self._collect, detail_interval, detail_burst)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())

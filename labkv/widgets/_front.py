@@ -65,13 +65,8 @@ class FrontEnd:
         return self._dashboard.root
 
     def _tab_shown(self, _change: Any) -> None:
-        # A plot changed while its tab was hidden (the last picture of a closed monitor
-        # draws every tab) is stale in the page: draw it again (under the refresh lock:
-        # bokeh documents take changes from one thread at a time). Then draw the tab
-        # now shown, which refreshes skipped while it was hidden.
-        with self._refresh_lock:
-            if self._dashboard is not None:
-                self._dashboard.plots.redraw()
+        # Draw the tab now shown: a refresh skipped its plots while it was hidden,
+        # and sends again a plot the page may lack (see _plots.BokehWidget).
         self.refresh()
 
     def show(self, part: str) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._types import Key
-from ..events import Event
+from ..events import Event, compact_rows, round_rows
 from ._records import CHANGING_OPS, UPDATER_OPS, FanIn, KeyClocks, KeyStats, ServerLoad, Summary
 
 __all__ = ["FanIn", "KeyClocks", "KeyStats", "MonitorModel", "ServerLoad"]
@@ -155,12 +155,14 @@ class MonitorModel:
                 clocks.fold(e)
             return
         if op == "round":
-            if e.key is not None:
-                fan = self.fanin.get(e.key) or self.fanin.setdefault(e.key, FanIn(e.key))
-                fan.per_server[e.server] = (e.time, dict(e.extra))
-                if e.extra.get("complete") and e.key in self.keys:
-                    self.changed.add(e.key)  # the round's update is applied
-                    self.server_changed.add(e.key)
+            for key, extra in round_rows(e):  # one key's round, or a server's record
+                if key is None:
+                    continue
+                fan = self.fanin.get(key) or self.fanin.setdefault(key, FanIn(key))
+                fan.per_server[e.server] = (e.time, extra)
+                if extra.get("complete") and key in self.keys:
+                    self.changed.add(key)  # the round's update is applied
+                    self.server_changed.add(key)
             return
         if e.server is not None and op in ("push", "pull"):
             self._fold_traffic(e)
@@ -169,20 +171,16 @@ class MonitorModel:
         elif op == "push" and e.store.startswith("dist"):
             return  # a rank's own view of a push its servers report
         if e.key is None:
+            if tally and "keys" in e.extra:
+                self._fold_record(e)
             return
-        stats = self.keys.get(e.key)
+        stats = self._stats(e.key, e.server, op)
         if stats is None:
-            if len(self.keys) >= self.max_keys:
-                self.dropped_keys += 1
-                return
-            stats = self.keys[e.key] = KeyStats(e.key)
+            return
         if e.shape and e.server is None:  # a server's event may be of one slice
             stats.shape, stats.dtype = e.shape, e.dtype or stats.dtype
-        if e.server is not None and op in CHANGING_OPS:
-            stats.on_servers = True
-            self.server_changed.add(e.key)
         if tally:
-            self._fold_tally(stats, e)
+            self._fold_tally(stats, op, e.count, e.nbytes, e.summary, e.time)
             return
         if op == "push":
             stats.pushes += count
@@ -210,20 +208,77 @@ class MonitorModel:
             stats.last_op, stats.last_change = op, e.time
             self.changed.add(e.key)
 
-    def _fold_tally(self, stats: KeyStats, e: Event) -> None:
+    def _stats(self, key: Key, server: Any, op: str) -> KeyStats | None:
+        """The stats of ``key`` (new ones while fewer than ``max_keys`` are
+        tracked), marked as held by servers when a server's ``op`` changes it."""
+        stats = self.keys.get(key)
+        if stats is None:
+            if len(self.keys) >= self.max_keys:
+                self.dropped_keys += 1
+                return None
+            stats = self.keys[key] = KeyStats(key)
+        if server is not None and op in CHANGING_OPS:
+            stats.on_servers = True
+            self.server_changed.add(key)
+        return stats
+
+    def _fold_record(self, e: Event) -> None:
+        """A record of the calls the bus only counted, of many keys at once
+        (:func:`labkv.events.compact_rows`); a server's push record says per key
+        whether its slice is slice 0 (``first``), so that each push counts once.
+        The common cases (pulls and pushes of keys already seen, with no value)
+        are folded here in one loop: a record may hold 500 keys, 100 a second."""
+        op, server, when, x = e.op, e.server, e.time, e.extra
+        first = x.get("first")
+        keys, changing = self.keys, op in CHANGING_OPS
+        on_servers = server is not None and changing
+        plain = op in ("push", "pull") and not x.get("summaries")
+        folded: list[Key] = []  # the keys a changing op folded here
+        for i, (key, count, nbytes, summary) in enumerate(compact_rows(e)):
+            if first is not None and not first[i]:
+                continue
+            stats = keys.get(key) if plain else None
+            if stats is None:
+                stats = self._stats(key, server, op)
+                if stats is not None:
+                    self._fold_tally(stats, op, count, nbytes, summary, when)
+                continue
+            if op == "pull":
+                stats.pulls += count
+                stats.bytes_out += nbytes
+                continue
+            stats.pushes += count
+            stats.bytes_in += nbytes
+            stats.last_op, stats.last_change = op, when
+            folded.append(key)
+            if on_servers:
+                stats.on_servers = True
+        self.changed.update(folded)
+        if on_servers:
+            self.server_changed.update(folded)
+
+    def _fold_tally(
+        self,
+        stats: KeyStats,
+        op: str,
+        count: int,
+        nbytes: int,
+        summary: Summary | None,
+        when: float,
+    ) -> None:
         """Calls the bus only counted: counts and bytes, no values."""
-        if e.op == "push":
-            stats.pushes += e.count
-            stats.bytes_in += e.nbytes
-        elif e.op == "pull":
-            stats.pulls += e.count
-            stats.bytes_out += e.nbytes
-        elif e.op in UPDATER_OPS:
-            stats.updates += e.count
-        if e.summary is not None and not stats.on_servers:
-            stats.value = e.summary
-        if e.op in CHANGING_OPS:
-            stats.last_op, stats.last_change = e.op, e.time
+        if op == "push":
+            stats.pushes += count
+            stats.bytes_in += nbytes
+        elif op == "pull":
+            stats.pulls += count
+            stats.bytes_out += nbytes
+        elif op in UPDATER_OPS:
+            stats.updates += count
+        if summary is not None and not stats.on_servers:
+            stats.value = summary
+        if op in CHANGING_OPS:
+            stats.last_op, stats.last_change = op, when
             self.changed.add(stats.key)
 
     def _server(self, server: Any) -> ServerLoad:

@@ -81,9 +81,11 @@ class Monitor(FrontEnd):
     (the timeline: the events :meth:`export_trace` writes). ``refresh_cpu`` is
         the share of a core the refreshes may take from the notebook: when a busy
         store makes them costly, they come less often (down to once a second).
-        ``hidden_tabs_s``: how often the tabs the page does not show are drawn too
-        (a refresh draws the shown tab; while a cell runs, the kernel hears of a
-        click on another tab only when the cell ends, so that tab must be recent).
+        ``hidden_tabs_s``: how often the tables of the tabs the page does not show
+        are drawn too (a refresh draws the shown tab; while a cell runs, the kernel
+        hears of a click on another tab only when the cell ends, so that tab should
+        be recent), or less often when drawing them costs more than ``refresh_cpu``
+        allows. Plots are drawn only while their tab is shown.
     """
 
     def __init__(
@@ -114,7 +116,7 @@ class Monitor(FrontEnd):
         self._notes: list[str] = []
         self._refresh_lock = threading.Lock()
         self._hidden_tabs_s = hidden_tabs_s
-        self._every_tab_at = time.monotonic()
+        self._hidden_due = time.monotonic() + hidden_tabs_s
         self._ticker = Ticker(self.refresh, hz=hz, cpu_share=refresh_cpu)
         self.attach(kv)
 
@@ -195,8 +197,9 @@ class Monitor(FrontEnd):
     # -- refresh (the ticker's thread, or called directly) ------------------------
     def refresh(self) -> None:
         """Fold pending events and bring the dashboard (if any) up to date: its
-        header and the tab the page shows, and every tab once a second (and once
-        the monitor is closed, so that its last picture is whole)."""
+        header and the tab the page shows, the tables of the other tabs once in a
+        while (``hidden_tabs_s``), and every tab once the monitor is closed, so
+        that its last picture is whole."""
         with self._refresh_lock:
             if not self.closed:
                 self._catch_up()
@@ -207,16 +210,28 @@ class Monitor(FrontEnd):
         dashboard = self._dashboard
         if dashboard is None:
             return
+        # The tables of hidden tabs are drawn once in a while too (the kernel hears
+        # of a click on a tab only when the running cell ends), less often when
+        # drawing them is costly, so that they keep to the refresh's CPU share.
         now = time.monotonic()
-        every_tab = self.closed or now - self._every_tab_at >= self._hidden_tabs_s
-        if every_tab:
-            self._every_tab_at = now
-        if every_tab or dashboard.shows_value:
+        hidden = not self.closed and now >= self._hidden_due
+        if self.closed or dashboard.shows_value:
             self._read_chosen_value(dashboard)
         notes = tuple(self._notes)
+        start = time.thread_time()
         dashboard.update(
-            self.model, self._value, self._placement, self._title(), self.closed, every_tab, notes
+            self.model,
+            self._value,
+            self._placement,
+            self._title(),
+            self.closed,
+            every_tab=self.closed,
+            notes=notes,
+            hidden_tables=hidden,
         )
+        if hidden:
+            cost = time.thread_time() - start
+            self._hidden_due = now + max(self._hidden_tabs_s, cost / self._ticker.cpu_share)
 
     def _catch_up(self, note_failures: bool = False) -> None:
         """Fold everything the bus has (detailed and only counted calls) into the

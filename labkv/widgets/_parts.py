@@ -32,7 +32,7 @@ class Part(NamedTuple):
 PARTS: dict[str, Part] = {
     "keys": Part("keys", "keys", ("keys",)),
     "updates": Part("value & updates", "updater calls (newest first)", ("trace_note", "trace")),
-    "fan-in": Part("servers & rounds", "fan-in (dist_sync round)", ("fanin",)),
+    "fan-in": Part("servers & rounds", "fan-in (dist_sync round)", ("fanin_note", "fanin")),
     "clocks": Part("servers & rounds", "clocks (dist_ssp)", ("clocks",)),
     "servers": Part("servers & rounds", "server load", ("servers",)),
     "events": Part("events", "events (newest first)", ("key_filter", "op_filter", "log")),

@@ -7,7 +7,9 @@ Without bokeh or jupyter_bokeh the figures are a note saying what to install.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import ipywidgets as W
@@ -17,7 +19,7 @@ from ._html import esc
 from ._model import MonitorModel
 from ._tables import fmt_key
 from ._timeline import COLUMNS as TIMELINE_COLUMNS
-from ._timeline import timeline_bars
+from ._timeline import fold_tracks, timeline_bars
 
 __all__ = ["TIMELINE_S", "Plots"]
 
@@ -34,10 +36,47 @@ def _bokeh_widget_class() -> type:
     from jupyter_bokeh.widgets import BokehModel
 
     class BokehWidget(BokehModel):
-        """``BokehModel`` whose ``close`` may run twice (ours, then ``__del__``'s);
+        """``BokehModel`` that knows when the page may lack its changes.
+
+        A view of a bokeh widget draws the document as the widget's
+        ``render_bundle`` holds it, taken when the widget was made, and then
+        applies the patches that reach it: a patch sent while the page had no view
+        (a monitor displayed after its events) is lost, and so is every change made
+        before a second view appeared. The page counts its views (ipywidgets'
+        ``_view_count``), so ``stale`` says when the bundle must be sent again
+        (:meth:`resend`). Its ``close`` may run twice (ours, then ``__del__``'s);
         jupyter_bokeh's raises ``KeyError`` the second time."""
 
         _labkv_closed = False
+
+        def __init__(self, model: Any) -> None:
+            #: the page's views may lack changes: :meth:`resend` brings them up to date
+            self.stale = False
+            self._patched = False  # patches sent since the bundle was made
+            self.patches = 0  # patches sent in all
+            super().__init__(model)
+            self._view_count = 0  # 0, not None: the page reports its views from now on
+            self.observe(self._views_changed, names="_view_count")
+
+        def _document_patched(self, event: Any) -> None:
+            self._patched = True
+            self.patches += 1
+            if not self._view_count:
+                self.stale = True  # nobody receives this patch
+            super()._document_patched(event)
+
+        def _views_changed(self, change: Any) -> None:
+            if (change["new"] or 0) > (change["old"] or 0) and self._patched:
+                self.stale = True  # a new view starts from the bundle, without the patches
+
+        def resend(self) -> bool:
+            """Send the whole document again when the page may lack some of it;
+            returns whether it did (every view draws it anew)."""
+            if not self.stale:
+                return False
+            self.stale = self._patched = False
+            self.render_bundle = self._model_to_traits(self._model)
+            return True
 
         def close(self) -> None:
             if not self._labkv_closed:
@@ -167,28 +206,24 @@ class Plots:
             self.image.visible, self.line.visible = True, False
             self.color_bar.visible = True
 
-    def redraw(self) -> None:
-        """Send the plots again. BokehJS lays out and paints a plot only while it is
-        visible: one that changed in a hidden tab shows stale parts (old data, no
-        colour bar, an old title) until it is drawn again, e.g. when its tab is shown."""
-        if not self.available:
-            return
-        sources = (self.image_source, self.line_source, self.load_source, self.timeline_source)
-        for source in sources:
-            source.data = dict(source.data)
-        shown = self.color_bar.visible
-        self.color_bar.visible = not shown  # a layout change: the bar is laid out anew
-        self.color_bar.visible = shown
-        # A title or the timeline's tracks set before the plot had a view in the page
-        # (a monitor displayed after its events, a tab not shown yet) never reach it,
-        # and setting an equal value sends nothing: change each, then put it back.
-        for fig in (self.value_fig, self.load_fig, self.timeline_fig):
-            text = fig.title.text
-            fig.title.text = text + " "
-            fig.title.text = text
-        tracks = list(self.timeline_fig.y_range.factors)
-        self.timeline_fig.y_range.factors = []
-        self.timeline_fig.y_range.factors = tracks
+    def resend(self, widgets: tuple[Any, ...]) -> None:
+        """Send again the plots of ``widgets`` (those of a tab the page shows now)
+        that the page may lack: drawn while hidden, before the page had a view of
+        them, or before a new view appeared (see ``BokehWidget``). BokehJS lays
+        out and paints a plot only while it is visible, so a plot changed while its
+        tab was hidden showed stale parts (old data, no colour bar, an old title)."""
+        if self.available:
+            for widget in widgets:
+                widget.resend()
+
+    @contextlib.contextmanager
+    def hidden(self, widgets: tuple[Any, ...]) -> Iterator[None]:
+        """Draw ``widgets`` while their tab is hidden (a closed monitor's last
+        picture): those that changed are stale until their tab is shown."""
+        before = [w.patches for w in widgets] if self.available else []
+        yield
+        for widget, patches in zip(widgets, before):
+            widget.stale = widget.stale or widget.patches != patches
 
     def show_timeline(self, model: MonitorModel, key: Any = None) -> None:
         """The last ``TIMELINE_S`` seconds of spans (of ``key``, or of every key)."""
@@ -199,12 +234,19 @@ class Plots:
         if seen == self._timeline_seen:
             return
         self._timeline_seen = seen
+        shown, bars = fold_tracks(tracks, bars)
         what = "every key" if key is None else f"key {fmt_key(key)}"
         waits = sum(1 for op in bars["op"] if op in ("clock", "round"))
+        with model.lock:  # what the ring holds: less than TIMELINE_S when it is full
+            ring = model.timeline
+            full = len(ring) == ring.maxlen and len(ring) > 0
+            held = ring[-1].time - ring[0].time if full else TIMELINE_S
+        span = f"last {TIMELINE_S:g} s" if held >= TIMELINE_S else f"last {held:.2g} s (all kept)"
+        folded = f", {len(tracks)} tracks in {len(shown)}" if len(shown) < len(tracks) else ""
         self.timeline_fig.title.text = (
-            f"timeline of {what}, last {TIMELINE_S:g} s: {len(bars['op'])} spans, "
-            f"{waits} waits (red)"
+            f"timeline of {what}, {span}: {len(bars['op'])} spans, {waits} waits (red){folded}"
         )
+        tracks = shown
         self.timeline_fig.y_range.factors = list(reversed(tracks))
         self.timeline_source.data = {
             c: np.asarray(v) if c in _NUMERIC else v for c, v in bars.items()

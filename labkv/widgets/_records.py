@@ -106,11 +106,13 @@ class KeyClocks:
         # (A new run on the same store starts them from 0 again.)
         self.clocks = list(x.get("clocks", ()))
         self.staleness = int(x.get("staleness", self.staleness))
-        waited = float(x.get("waited_s", 0.0))
-        self.waited[e.rank] = self.waited.get(e.rank, 0.0) + waited
-        self.last_wait[e.rank] = waited
-        self.pulls[e.rank] = self.pulls.get(e.rank, 0) + e.count
         self.time = max(self.time, e.time)
+        # a server's record of many pulls: per rank [waited in all, last wait, pulls]
+        waits = x.get("waits") or [[e.rank, float(x.get("waited_s", 0.0)), None, e.count]]
+        for rank, total, last, pulls in waits:
+            self.waited[rank] = self.waited.get(rank, 0.0) + float(total)
+            self.last_wait[rank] = float(total if last is None else last)
+            self.pulls[rank] = self.pulls.get(rank, 0) + pulls
 
     def slowest(self) -> list[int]:
         """The ranks with the lowest clock."""

@@ -311,27 +311,37 @@ def trace_row(e: Event) -> list[str]:
     ]
 
 
-def fanin_table(model: MonitorModel, now: float | None = None) -> Table:
-    """Keys x ranks of each key's current ``dist_sync`` round: ``pushed``/``MISSING``."""
-    now = time.time() if now is None else now
+def fanin_table(model: MonitorModel) -> Table:
+    """Keys x ranks of each key's current ``dist_sync`` round: ``pushed``/``MISSING``.
+    ``waited`` is what a finished round took, or when a waiting one began: the grid
+    changes with the rounds, not with the clock (:func:`~labkv.widgets._fanin.fanin_note`
+    says how long)."""
     with model.lock:
         rounds = [(key, fan.current()) for key, fan in model.fanin.items()]
     workers = max((r["num_workers"] for _, r in rounds), default=0)
     headers = ["key", "round", "waited", "state"] + [f"rank {i}" for i in range(workers)]
-    rows = []
-    for key, r in rounds:
-        waited = r["waited_s"] + (0.0 if r["complete"] else max(0.0, now - r["time"]))
-        cells = []
-        for rank in range(workers):
-            if rank in r["pushed"] or r["complete"]:
-                cells.append("pushed")
-            elif rank in r["missing"]:
-                cells.append("MISSING")
-            else:
-                cells.append("-")
-        state = "complete" if r["complete"] else f"waiting for {len(r['missing'])}"
-        rows.append([fmt_key(key), str(r["round"]), f"{waited:.1f} s", state, *cells])
+    rows = [fanin_row(key, r, range(workers)) for key, r in rounds]
     return headers, rows
+
+
+def fanin_row(key: Any, r: dict[str, Any], ranks: Any) -> list[str]:
+    """One key's row of the fan-in grid: key, round, waited, state, and the cell
+    of each of ``ranks``. ``waited`` is what a finished round took, or when a
+    waiting one began."""
+    if r["complete"]:
+        waited = f"{r['waited_s']:.1f} s"
+    else:
+        waited = f"since {fmt_time(r['time'] - r['waited_s'])}"
+    cells = []
+    for rank in ranks:
+        if rank in r["pushed"] or r["complete"]:
+            cells.append("pushed")
+        elif rank in r["missing"]:
+            cells.append("MISSING")
+        else:
+            cells.append("-")
+    state = "complete" if r["complete"] else f"waiting for {len(r['missing'])}"
+    return [fmt_key(key), str(r["round"]), waited, state, *cells]
 
 
 def clocks_table(model: MonitorModel) -> Table:

@@ -10,8 +10,10 @@ bias  12
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
+from ._fanin import fanin_note
 from ._model import MonitorModel
 from ._tables import (
     clocks_table,
@@ -55,6 +57,8 @@ def summary(
         ("server load", servers_table(model)),
     ]
     for title, (headers, rows) in sections:
+        if rows and title.startswith("fan-in"):
+            title += f": {fanin_note(model, time.time())}"
         if rows:
             parts.append(f"\n{title}\n" + render_table(headers, rows))
     return "\n".join(parts)

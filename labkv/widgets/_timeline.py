@@ -21,9 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 from .._trace import to_trace
+from ..events import per_key
 from ._model import MonitorModel
 
-__all__ = ["OP_COLORS", "timeline_bars"]
+__all__ = ["MAX_TRACKS", "OP_COLORS", "fold_tracks", "timeline_bars"]
+
+#: the tracks the timeline draws at most: past it, all the servers' and the slowest
+#: ranks' tracks, the other ranks' folded into one (72 tracks in 260 px were a smear)
+MAX_TRACKS = 16
 
 #: bar colour per op; a dist_ssp pull's wait (``clock``) and a dist_sync round (from its
 #: first push to its last) stand out in red
@@ -55,7 +60,7 @@ def timeline_bars(
                 break
             recent.append(e)
     since = newest - seconds
-    recent = [e for e in recent if e.time >= since and (key is None or e.key == key)]
+    recent = [e for r in recent if r.time >= since for e in per_key(r) if key in (None, e.key)]
     trace = to_trace(reversed(recent))
     t0 = trace["otherData"]["start_time"]
     processes, threads = {}, {}
@@ -85,3 +90,42 @@ def timeline_bars(
     names = {t: f"{processes[t[0]]} · {threads[t]}" for t in threads}
     columns["track"] = [names[t] for t in columns["track"]]
     return [names[t] for t in sorted(names)], columns
+
+
+def fold_tracks(
+    tracks: list[str], columns: dict[str, list], most: int = MAX_TRACKS
+) -> tuple[list[str], dict[str, list]]:
+    """``(tracks, columns)`` of :func:`timeline_bars` with at most ``most`` tracks:
+    every server's, the ranks' whose spans last longest in all (the slowest), and
+    the other ranks' in one track per kind (``12 other ranks · calls``).
+
+    >>> tracks = [f"rank {r} · calls" for r in range(5)] + ["server 0 · receipts"]
+    >>> columns = {"track": tracks, "left": [-1.0, -2.0, -3.0, -1.0, -1.0, -1.0],
+    ...     "right": [0.0] * 6}
+    >>> folded, cols = fold_tracks(tracks, columns, most=4)
+    >>> folded, cols["track"][:2]
+    (['rank 1 · calls', 'rank 2 · calls', 'server 0 · receipts', '3 other ranks · calls'], ['3 other ranks · calls', 'rank 1 · calls'])
+    """
+    if len(tracks) <= most:
+        return tracks, columns
+    rank_of = {t: t.split(" · ")[0] for t in tracks if t.startswith("rank ")}
+    kinds = sorted({t.split(" · ", 1)[1] for t in rank_of})
+    servers = [t for t in tracks if t not in rank_of]
+    took: dict[str, float] = {}
+    for track, left, right in zip(columns["track"], columns["left"], columns["right"]):
+        if track in rank_of:
+            took[rank_of[track]] = took.get(rank_of[track], 0.0) + right - left
+    ranks = sorted(set(rank_of.values()), key=lambda r: (-took.get(r, 0.0), r))
+    room = max(most - len(servers) - len(kinds), 1)
+    per_rank = max(len(kinds), 1)
+    kept = set(ranks[: max(room // per_rank, 1)])
+    others = len(set(ranks) - kept)
+    label = {
+        t: t if rank_of[t] in kept else f"{others} other ranks · {t.split(' · ', 1)[1]}"
+        for t in rank_of
+    }
+    names = [t for t in tracks if t in servers or rank_of[t] in kept]
+    names += [f"{others} other ranks · {kind}" for kind in kinds]
+    folded = dict(columns)
+    folded["track"] = [label.get(t, t) for t in columns["track"]]
+    return names, folded

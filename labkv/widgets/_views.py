@@ -10,20 +10,21 @@ inside ``hold_sync`` so each changed widget costs one comm message per tick.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 import ipywidgets as W
 import numpy as np
 
+from ._clocks import clocks_grid
+from ._fanin import fanin_grid, fanin_note, held_up
 from ._html import STYLE, esc, table_html
 from ._model import MonitorModel
 from ._parts import PARTS
 from ._plots import Plots
 from ._tables import (
     EventRows,
-    clocks_table,
-    fanin_table,
     fmt_key,
     fmt_num,
     fmt_shape,
@@ -95,6 +96,8 @@ def _section(title: str, *children: W.Widget) -> W.VBox:
 #: the dashboard's tabs, in order
 TAB_TITLES = ("keys", "value & updates", "servers & rounds", "timeline", "events")
 KEYS_TAB, VALUE_TAB, SERVERS_TAB, TIMELINE_TAB, EVENTS_TAB = range(len(TAB_TITLES))
+#: the tabs with bokeh plots: drawn only while shown (and in a closed monitor's last picture)
+PLOT_TABS = frozenset({VALUE_TAB, SERVERS_TAB, TIMELINE_TAB})
 PANE_HEIGHT = "360px"
 
 
@@ -123,9 +126,16 @@ class Dashboard:
         )
         self.value_caption = _html("labkv-value-caption")
         self.fanin = _html("labkv-fanin-view")
+        self.fanin_note = _html("labkv-fanin-note")
         self.clocks = _html("labkv-clocks-view")
         self.servers = _html("labkv-servers-view")
         self.plots = Plots()
+        plots = self.plots
+        self._plot_widgets = {
+            VALUE_TAB: (plots.value_widget,),
+            SERVERS_TAB: (plots.load_widget,),
+            TIMELINE_TAB: (plots.timeline_widget,),
+        }
         for w in (self.key_filter, self.op_filter):
             w.observe(self._filters_changed, names="value")
         self._filters_dirty = True
@@ -134,7 +144,8 @@ class Dashboard:
         self._known_keys: list[Any] = []
         #: (model version, closed) of each tab's last drawing; the header's has the notes too
         self._state: tuple[int, bool, tuple[str, ...]] = (-1, False, ())
-        self._drawn_at: dict[int, tuple[int, bool]] = {}
+        #: (model version, closed) of each tab's last drawing, of its tables and of its plots
+        self._drawn_at: dict[tuple[int, str], tuple[int, bool]] = {}
         self._value_version = -1
         self._timeline_key: Any = None
         # While a store is busy every tick redraws its tables, mostly with last tick's
@@ -164,7 +175,9 @@ class Dashboard:
                         [
                             W.VBox(
                                 [
-                                    _section("fan-in (dist_sync round)", self.fanin),
+                                    _section(
+                                        "fan-in (dist_sync round)", self.fanin_note, self.fanin
+                                    ),
                                     _section("clocks (dist_ssp)", self.clocks),
                                 ]
                             ),
@@ -226,37 +239,92 @@ class Dashboard:
         closed: bool = False,
         every_tab: bool = False,
         notes: tuple[str, ...] = (),
+        hidden_tables: bool = False,
     ) -> None:
-        """Re-render what changed since the last call: the header and the tab the
-        page shows, and those of the parts shown on their own (``every_tab``: all
-        of them, e.g. for the last picture of a closed monitor). A hidden tab is
-        drawn when it is shown: while a store is busy, drawing tables and plots
-        nobody sees was most of a refresh's cost. ``notes`` (what a closed monitor
-        could not read at the end, e.g. ``server 1 lost``) go in the header."""
+        """Re-render what changed since the last call: the header, the tab the page
+        shows and the tables of the parts shown on their own (``hidden_tables``:
+        the tables of every tab; ``every_tab``: everything, plots too, e.g. for
+        the last picture of a closed monitor). A hidden tab's plots are drawn when
+        it is shown: BokehJS paints nothing hidden, and drawing them (the timeline
+        above all) was most of a busy store's refresh. ``notes`` (what a closed
+        monitor could not read at the end, e.g. ``server 1 lost``) go in the header."""
         state = (model.version, closed)
         if (*state, notes) != self._state:
             self._state = (*state, notes)
             self._draw_header(model, title, closed, notes)
-        tabs = range(len(TAB_TITLES)) if every_tab else sorted({self.tab, *self.kept})
-        for tab in tabs:
-            stale = self._drawn_at.get(tab) != state
-            self._drawn_at[tab] = state
-            if tab == KEYS_TAB and stale:
-                self._draw_keys(model, placement)
-            elif tab == VALUE_TAB:
-                self._draw_value_tab(model, value, stale)
-            elif tab == SERVERS_TAB:
-                self._draw_servers_tab(model, stale)
-            elif tab == TIMELINE_TAB and (stale or self.value_key.value != self._timeline_key):
-                self._timeline_key = self.value_key.value
-                self.plots.show_timeline(model, self._timeline_key)
-            elif tab == EVENTS_TAB and (stale or self._filters_dirty):
-                self._filters_dirty = False
-                log = log_table(
-                    model, self.key_filter.value, self.op_filter.value, self.rows, self._log_made
-                )
-                log_html = table_html(*log, "labkv-log", "no events yet", self._drawn["log"])
-                _set(self.log, value=log_html)
+        shown = self.tab
+        for tab in range(len(TAB_TITLES)):
+            visible = tab == shown
+            tables = visible or every_tab or hidden_tables or tab in self.kept
+            plots = (visible or every_tab) and tab in PLOT_TABS
+            redraw = self._drawn_at.get((tab, "tables")) != state
+            if tab == EVENTS_TAB and self._filters_dirty:
+                redraw = True
+            if tables and redraw:
+                self._drawn_at[tab, "tables"] = state
+                self._draw_tables(tab, model, placement)
+            if tab == SERVERS_TAB and (tables or plots):
+                self._draw_fanin_note(model)
+            if not plots:
+                continue
+            stale = self._drawn_at.get((tab, "plots")) != state
+            self._drawn_at[tab, "plots"] = state
+            widgets = self._plot_widgets[tab]
+            with contextlib.nullcontext() if visible else self.plots.hidden(widgets):
+                self._draw_plots(tab, model, value, stale)
+            if visible:
+                self.plots.resend(widgets)
+
+    def _draw_tables(self, tab: int, model: MonitorModel, placement: dict[Any, Any]) -> None:
+        """The HTML of one tab (its plots are drawn by :meth:`_draw_plots`)."""
+        drawn = self._drawn
+        if tab == KEYS_TAB:
+            self._draw_keys(model, placement)
+        elif tab == VALUE_TAB:
+            trace = trace_table(model, self.trace_rows, self._trace_made)
+            empty = "no updater calls yet"
+            _set(self.trace, value=table_html(*trace, "labkv-trace", empty, drawn["trace"]))
+            note = trace_note(model, len(trace[1])) if trace[1] else ""
+            _set(self.trace_note, value=f'<span class="labkv-empty">{esc(note)}</span>')
+        elif tab == SERVERS_TAB:
+            headers, rows, caption = clocks_grid(model)  # the ranks furthest apart first
+            grid = table_html(headers, rows, "labkv-clocks", "no dist_ssp pulls", drawn["clocks"])
+            if caption:
+                grid += f'<div class="labkv-empty">{esc(caption)}</div>'
+            _set(self.clocks, value=grid)
+            servers = servers_table(model)
+            empty = "no server events"
+            _set(self.servers, value=table_html(*servers, "labkv-servers", empty, drawn["servers"]))
+            headers, rows, caption = fanin_grid(model)  # the keys waiting longest first
+            grid = table_html(headers, rows, "labkv-fanin", "no dist_sync rounds", drawn["fanin"])
+            if caption:
+                grid += f'<div class="labkv-empty">{esc(caption)}</div>'
+            _set(self.fanin, value=grid)
+        elif tab == EVENTS_TAB:
+            self._draw_log(model)
+
+    def _draw_log(self, model: MonitorModel) -> None:
+        self._filters_dirty = False
+        log = log_table(
+            model, self.key_filter.value, self.op_filter.value, self.rows, self._log_made
+        )
+        _set(self.log, value=table_html(*log, "labkv-log", "no events yet", self._drawn["log"]))
+
+    def _draw_fanin_note(self, model: MonitorModel) -> None:
+        """The line above the fan-in grid: who holds the rounds up, and for how long.
+        Only this line changes while a round waits; the grid is sent when it changes."""
+        note = fanin_note(model, time.time())
+        _set(self.fanin_note, value=f'<span class="labkv-fanin-line">{esc(note)}</span>')
+
+    def _draw_plots(self, tab: int, model: MonitorModel, value: ValueState, stale: bool) -> None:
+        if tab == VALUE_TAB and value.version != self._value_version:
+            self._value_version = value.version
+            self._show_value(value)
+        elif tab == SERVERS_TAB and stale:
+            self.plots.show_load(model)
+        elif tab == TIMELINE_TAB and (stale or self.value_key.value != self._timeline_key):
+            self._timeline_key = self.value_key.value
+            self.plots.show_timeline(model, self._timeline_key)
 
     def _draw_header(
         self, model: MonitorModel, title: str, closed: bool, notes: tuple[str, ...] = ()
@@ -272,6 +340,9 @@ class Dashboard:
         # its server (the keys table counts it once).
         by_op = f" ({counts})" if counts else ""
         summary = f"{_count(total, 'event')}{by_op} · {_count(len(keys), 'key')}{extra}"
+        held = held_up(model)  # who holds the dist_sync rounds up, before any grid
+        if held:
+            summary += f" · {held}"
         _set(self.header, value=f"<b>labkv monitor</b> {esc(title)}{state}: {summary}")
         if keys != self._known_keys:
             self._known_keys = keys
@@ -281,38 +352,6 @@ class Dashboard:
     def _draw_keys(self, model: MonitorModel, placement: dict[Any, Any]) -> None:
         table = keys_table(model, placement)
         _set(self.keys, value=table_html(*table, "labkv-keys", "no keys yet", self._drawn["keys"]))
-
-    def _draw_value_tab(self, model: MonitorModel, value: ValueState, stale: bool) -> None:
-        if stale:
-            trace = trace_table(model, self.trace_rows, self._trace_made)
-            empty = "no updater calls yet"
-            _set(self.trace, value=table_html(*trace, "labkv-trace", empty, self._drawn["trace"]))
-            note = trace_note(model, len(trace[1])) if trace[1] else ""
-            _set(self.trace_note, value=f'<span class="labkv-empty">{esc(note)}</span>')
-        if value.version != self._value_version:
-            self._value_version = value.version
-            self._show_value(value)
-
-    def _draw_servers_tab(self, model: MonitorModel, stale: bool) -> None:
-        if stale:
-            clocks = clocks_table(model)
-            drawn = self._drawn
-            _set(
-                self.clocks,
-                value=table_html(*clocks, "labkv-clocks", "no dist_ssp pulls", drawn["clocks"]),
-            )
-            servers = servers_table(model)
-            _set(
-                self.servers,
-                value=table_html(*servers, "labkv-servers", "no server events", drawn["servers"]),
-            )
-            self.plots.show_load(model)
-        with model.lock:
-            waiting = any(not fan.current()["complete"] for fan in model.fanin.values())
-        if stale or waiting:  # an unfinished round's waiting time keeps growing
-            fan = fanin_table(model, time.time())
-            fanin = table_html(*fan, "labkv-fanin", "no dist_sync rounds", self._drawn["fanin"])
-            _set(self.fanin, value=fanin)
 
     def _show_value(self, value: ValueState) -> None:
         if value.error:

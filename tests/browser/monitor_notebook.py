@@ -94,7 +94,56 @@ time.sleep(1.5)  # the events are older than a second when the monitor is shown
 mon
 """
 
+# The timeline drawn before the page has any view of it: its tab chosen, and the
+# monitor refreshed, before the monitor is displayed.
+DRAWN_BEFORE_SHOWN = """
+early = monitor(kv)
+kv.push("w", np.ones(4))
+kv.pull("w")
+_ = early.widget
+early.select("w")
+early.dashboard.tabs.selected_index = 3  # the timeline tab
+early.refresh()
+time.sleep(1.5)
+early
+"""
+
 
 def build_late(path: Path) -> None:
-    """A notebook whose one cell shows a monitor after its store's events."""
-    _write(path, (LATE,))
+    """A notebook that shows a monitor after its store's events, then one whose
+    timeline was drawn before it was shown."""
+    _write(path, (LATE, DRAWN_BEFORE_SHOWN))
+
+
+# 64 ranks x 500 keys: every key's round, rank 17 missing on every 12th key (waiting),
+# the others complete; a push counted per key; then the fan-in grid shown alone.
+SCALE = """
+import time
+import labkv
+from labkv.events import Event
+from labkv.widgets import monitor
+
+kv = labkv.create("local")
+mon = monitor(kv)
+mon
+"""
+
+SCALE_EVENTS = """
+t = time.time()
+events = []
+for key in range(500):
+    pushed = [r for r in range(64) if r != 17 or key % 12]
+    events.append(Event(0, t, "dist_sync", "push", key, server=0, nbytes=64 * 16, count=64))
+    events.append(Event(0, t, "dist_sync", "round", key, server=0, extra={
+        "round": 99, "pushed": pushed, "missing": [] if key % 12 else [17],
+        "num_workers": 64, "waited_s": 0.5, "complete": bool(key % 12)}))
+kv.events.deliver_many(events)
+mon.refresh()
+mon.show("fan-in")
+print("CELLS DONE")
+"""
+
+
+def build_scale(path: Path) -> None:
+    """A notebook whose monitor holds a 64-rank, 500-key store's rounds, one rank late."""
+    _write(path, (SCALE, SCALE_EVENTS))

@@ -27,7 +27,7 @@ from tests.browser._lab import (
     start_lab,
     stop_lab,
 )
-from tests.browser.monitor_notebook import HOSTILE, N_PUSH, build, build_late
+from tests.browser.monitor_notebook import HOSTILE, N_PUSH, build, build_late, build_scale
 
 pytestmark = pytest.mark.browser
 
@@ -69,13 +69,14 @@ BOKEH_IMAGE_MAX = """() => {
 }"""
 
 
-# The timeline plot in BokehJS: its title and its tracks, as the page holds them.
-BOKEH_TIMELINE = """() => {
+# The timeline plots in BokehJS: their titles and tracks, as the page holds them.
+BOKEH_TIMELINES = """() => {
+  const found = [];
   for (const d of (window.Bokeh && window.Bokeh.documents) || [])
     for (const m of d.all_models)
       if (m.title && m.title.text !== undefined && m.title.text.startsWith('timeline'))
-        return {title: m.title.text, tracks: [...m.y_range.factors]};
-  return null;
+        found.push({title: m.title.text, tracks: [...m.y_range.factors]});
+  return found;
 }"""
 
 
@@ -114,10 +115,11 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
                 page.wait_for_timeout(150)
             final_w = f"() => {{ const r = [...document.querySelectorAll('.labkv-keys tbody tr')].find(tr => tr.children[0].textContent === 'w'); return !!r && r.children[2].textContent === '{N_PUSH}'; }}"
             page.wait_for_function(final_w, timeout=15_000)
-            # hidden tabs are drawn once a second: wait for the value tab's last picture
+            # a plot's tab is drawn when shown: the value tab's last picture after a click
+            page.get_by_text("value & updates", exact=True).first.click()
             final_caption = "() => (document.querySelector('.labkv-value-caption') || {textContent: ''}).textContent.includes('min 120 max 120 mean 120')"
             page.wait_for_function(final_caption, timeout=10_000)
-            page.wait_for_timeout(1_200)  # one more round of every tab
+            page.wait_for_timeout(1_200)  # one more round of every tab's tables
             final = page.evaluate(SAMPLE)
             image_max = page.evaluate(BOKEH_IMAGE_MAX)
             page.get_by_text("timeline", exact=True).first.click()
@@ -165,7 +167,8 @@ def test_monitor_is_live_in_jupyterlab(tmp_path):
 
 def test_a_monitor_displayed_after_its_events_draws_its_timeline(tmp_path):
     """Events first, the monitor shown 1.5 s later: its timeline tab must get its
-    title and its tracks in the page, not only its bars."""
+    title and its tracks in the page, not only its bars; and so must a second
+    monitor's, drawn before the page had any view of it."""
     require_browser()
     from playwright.sync_api import sync_playwright
 
@@ -175,24 +178,87 @@ def test_a_monitor_displayed_after_its_events_draws_its_timeline(tmp_path):
     token = secrets.token_hex(16)
     proc, base = start_lab(root, token)
     seen = None
+    drawn = f"""() => {{ const t = ({BOKEH_TIMELINES})();
+        return t.length === 2 && t.every(p => p.tracks.length > 0); }}"""
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
             page.goto(f"{base}/lab/tree/late.ipynb?token={token}", wait_until="domcontentloaded")
             page.wait_for_function(KERNEL_IDLE, timeout=60_000)
             page.evaluate(RUN_ALL)
+            # the first monitor's tab; the second one shows its timeline already
             page.get_by_text("timeline", exact=True).first.click(timeout=60_000)
-            drawn = (
-                f"() => {{ const t = ({BOKEH_TIMELINE})(); return !!t && t.tracks.length > 0; }}"
-            )
             try:
-                page.wait_for_function(drawn, timeout=10_000)
+                page.wait_for_function(drawn, timeout=15_000)
             finally:
-                seen = page.evaluate(BOKEH_TIMELINE)
+                seen = page.evaluate(BOKEH_TIMELINES)
                 page.screenshot(path=str(tmp_path / "labkv_timeline_late.png"), full_page=True)
             browser.close()
     finally:
         stop_lab(proc)
-    assert seen is not None and seen["title"].startswith("timeline of every key"), seen
-    assert seen["tracks"] == ["rank 0 · calls"], seen
+    assert len(seen) == 2, seen
+    for plot in seen:
+        assert plot["title"].startswith("timeline of "), seen
+    late, early = sorted(seen, key=lambda p: "key w" in p["title"])
+    assert late["title"].startswith("timeline of every key") and late["tracks"] == [
+        "rank 0 · calls"
+    ], seen
+    assert early["title"].startswith("timeline of key w"), seen
+
+
+def test_a_64_rank_monitor_names_the_missing_rank_and_is_quiet_when_idle(tmp_path):
+    """64 ranks x 500 keys, rank 17 missing on 42 keys: the header, the line above
+    the fan-in grid and the grid (its column) name rank 17 in view; the idle page
+    receives little (the review measured 1 MB/s), and a click on the tab shows it soon."""
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path / "lab"
+    root.mkdir()
+    build_scale(root / "scale.ipynb")
+    token = secrets.token_hex(16)
+    proc, base = start_lab(root, token)
+    received: list[tuple[float, int]] = []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+
+            def on_socket(ws):
+                ws.on("framereceived", lambda f: received.append((time.monotonic(), len(f))))
+
+            page.on("websocket", on_socket)
+            page.goto(f"{base}/lab/tree/scale.ipynb?token={token}", wait_until="domcontentloaded")
+            page.wait_for_function(KERNEL_IDLE, timeout=60_000)
+            page.evaluate(RUN_ALL)
+            done = """() => [...document.querySelectorAll('.jp-OutputArea-output pre')]
+                .some(e => e.textContent.includes('CELLS DONE'))"""
+            page.wait_for_function(done, timeout=60_000)
+            part = page.locator(".labkv-part .labkv-fanin")
+            part.wait_for(timeout=15_000)
+            page.wait_for_timeout(2_000)  # settled: hidden tables drawn once
+            start = time.monotonic()
+            page.wait_for_timeout(5_000)  # idle: no new events, 42 rounds still waiting
+            idle = sum(n for t, n in received if t >= start) / (time.monotonic() - start)
+            header = page.locator(".labkv-header").first.text_content()
+            line = page.locator(".labkv-part .labkv-fanin-line").text_content()
+            cells = page.locator(".labkv-part .labkv-fanin th").all_text_contents()
+            missing = page.locator(".labkv-part .labkv-fanin td.labkv-missing").count()
+            page.locator(".labkv-part").screenshot(path=str(tmp_path / "fanin_64x500.png"))
+            clicked = time.monotonic()
+            page.get_by_text("servers & rounds", exact=True).first.click()
+            page.locator(".labkv-monitor .labkv-fanin").first.wait_for(state="visible")
+            click_ms = (time.monotonic() - clicked) * 1e3
+            page.screenshot(path=str(tmp_path / "dashboard_64x500.png"), full_page=True)
+            browser.close()
+    finally:
+        stop_lab(proc)
+    (tmp_path / "numbers.json").write_text(
+        json.dumps({"idle_bytes_per_s": idle, "click_ms": click_ms})
+    )
+    assert "42 keys wait for rank 17" in header, header
+    assert line.startswith("42 of 500 keys waiting") and "rank 17 missing on 42 keys" in line
+    assert cells[4:] == ["rank 17", "other ranks"] and missing == 20, (cells, missing)
+    assert idle < 100_000, f"{idle:.0f} B/s while idle"
+    assert click_ms < 1_000, f"{click_ms:.0f} ms from the click to the grid"

@@ -143,12 +143,20 @@ def encode_entry(
     and the values under ``PACK_BELOW`` bytes pickled into one ``bytes`` (Dask
     would serialise a list of 200 small arrays one by one), the big values as
     their own frames."""
-    big = [i for i, (_, v) in enumerate(updates) if v is not None and v.nbytes >= PACK_BELOW]
+    big = [i for i, (_, v) in enumerate(updates) if _big(v)]
     small = [u for i, u in enumerate(updates) if i not in big]
     noted = None if note is None else cloudpickle.dumps(encode_note(note))
     big_keys = [updates[i][0] for i in big]
     blob = pickle.dumps((small, big, big_keys, pushes, noted, marks or []), protocol=5)
     return index, blob, [updates[i][1] for i in big]
+
+
+def _big(value: Any) -> bool:
+    """A value that travels as its own frame: an array of ``PACK_BELOW`` bytes or
+    more (a row-sparse one, its rows and their numbers, is pickled with the entry)."""
+    if value is None or getattr(value, "stype", None) == "row_sparse":
+        return False
+    return value.nbytes >= PACK_BELOW
 
 
 def decode_entry(entry: tuple) -> Entry:

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...compression import wire_nbytes
+from .._rows.server import row_lookup, with_rows
 from .packing import PACK_BELOW, Spec, pack, seal, unpack_values, unseal
 
 
@@ -58,6 +59,7 @@ class PushHeader(NamedTuple):
     borrowed: bool  # the big arrays are the caller's own (a rank on the server's worker)
     codes: Codes | None  # compressed push: how to decode the values
     step: int | None = None  # the index of the rank's step (inside ``kv.steps``)
+    rows: dict | None = None  # row-sparse keys: their rows within the piece (see _rows)
 
 
 class Push(NamedTuple):
@@ -79,6 +81,7 @@ class Pull(NamedTuple):
     keys: list
     rank: int | None
     step: int | None
+    rows: dict | None  # keys whose rows alone are read: the rows (or spans), see _rows
     pushes: tuple  # last: a message's last element is what it carries (see packing.seal)
 
 
@@ -99,6 +102,7 @@ class InitItem(NamedTuple):
     shape: tuple  # the whole value's shape
     dtype: str
     key_id: int  # the owner's id of the key, which placed it (see _placement)
+    sparse: bool = False  # a row-sparse key: its pieces are row ranges (see _rows)
 
 
 class KeyMeta(NamedTuple):
@@ -108,6 +112,7 @@ class KeyMeta(NamedTuple):
     shape: tuple
     dtype: str
     key_id: int
+    sparse: bool = False
 
 
 class States(NamedTuple):
@@ -202,15 +207,18 @@ def piece_specs(
 
 def push_items(push: Push, lookup: Lookup) -> list[tuple[Any, Any]]:
     """``(key, value)`` of each key of ``push``, in order (views into its packed
-    buffer); a compressed push's values are each device's codes."""
+    buffer); a compressed push's values are each device's codes, a row-sparse key's
+    a :class:`~labkv.sparse.RowSparseArray` of the piece (:mod:`.._rows.server`)."""
     h = push.header
-    return unpack_values(
+    spec = lookup if not h.rows else row_lookup(lookup, h.rows)
+    items = unpack_values(
         h.keys,
         h.big,
         push.packed,
         push.bigs,
-        lambda small: piece_specs(small, lookup, h.dtypes, h.codes),
+        lambda small: piece_specs(small, spec, h.dtypes, h.codes),
     )
+    return items if not h.rows else with_rows(items, h.rows, lookup)
 
 
 def values_items(keys: Sequence[Any], values: Values, lookup: Lookup) -> list[tuple[Any, Any]]:

@@ -207,19 +207,24 @@ class Calls:
         self.wait(calls, "push")
 
     def pull(
-        self, keys: dict[int, list], rank: int | None = None, step: int | None = None
+        self,
+        keys: dict[int, list],
+        rank: int | None = None,
+        step: int | None = None,
+        rows: dict[int, dict] | None = None,
     ) -> list[Any]:
         """Pull ``keys[s]`` from each server ``s``: each pull carries the pushes
         held for its server (the others are sent now), and waits, on the server,
         for this rank's earlier pushes (``step``: rank ``rank``'s step, see
-        :mod:`.steps`). The replies, in the order of ``keys``."""
+        :mod:`.steps`; ``rows[s]``: the rows of its keys to read alone, see
+        :mod:`labkv.cluster._rows`). The replies, in the order of ``keys``."""
         with self.sending("pull"):  # the held pushes ride in the pulls: all of them leave
             carried = self.holding.release(carry=keys) if self.holding else {}
-            sent = self.sent
+            sent, rows = self.sent, rows or {}
             calls = [
-                (s, self.send(s, "pull", Pull(self.sender, sent[s], ks, rank, step, held)))
+                (s, self.send(s, "pull", Pull(self.sender, sent[s], ks, rank, step, r, held)))
                 for s, ks in keys.items()
-                for held in [tuple(carried.get(s, ()))]
+                for held, r in [(tuple(carried.get(s, ())), rows.get(s))]
             ]
         self.flush()  # waits concurrently with the pulls: both are already sent
         return self.wait(calls, "pull")

@@ -11,6 +11,7 @@ from typing import Any
 
 from .._errors import ClusterError
 from .._protocol.messages import InitItem
+from .._rows.rank import init_pieces
 from . import split as messages
 from .calls import Calls
 
@@ -24,9 +25,11 @@ def send_init(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
     it may have passed it to its backup)."""
     per_server: dict[int, list] = defaultdict(list)
     for key, array in items:
-        host = messages.host(array)
-        for s, piece in messages.split(host, placed[key]):
-            per_server[s].append(InitItem(key, piece, tuple(host.shape), host.dtype.str, ids[key]))
+        rows = init_pieces(array, placed[key])  # a row-sparse value: each server's rows
+        parts = rows or messages.split(messages.host(array), placed[key])
+        shape, dtype = tuple(array.shape), array.dtype.str
+        for s, piece in parts:
+            per_server[s].append(InitItem(key, piece, shape, dtype, ids[key], rows is not None))
     call_id = (calls.sender, uuid.uuid4().hex)
     sent = calls.call_each("init", {s: (b, call_id) for s, b in per_server.items()})
     calls.wait(sent, "init")

@@ -15,6 +15,7 @@ the caller's outs. No Dask, no event loop: ``meta`` is the store's ``{key:
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Container
 from typing import Any
 
 import cloudpickle
@@ -23,10 +24,12 @@ import numpy as np
 from ...compression import GradientCompression, wire_piece
 from ...devices import copy_into, device_of, empty
 from ...reduce import sum_into
+from ...sparse import is_row_sparse
 from .._device import host_view
 from .._placement import ORDER_RULE, Piece
 from .._protocol.messages import Codes, Push, PushHeader, pack_values
 from .._protocol.packing import PACK_BELOW
+from .._rows.rank import row_pieces, rows_of_batch
 
 Meta = dict  # key -> (shape, np.dtype)
 Pieces = dict  # key -> [Piece]
@@ -83,15 +86,25 @@ def compressed_pieces(
 
 
 def per_server(
-    items: list, meta: Meta, pieces: Pieces, compression: GradientCompression | None
+    items: list,
+    meta: Meta,
+    pieces: Pieces,
+    compression: GradientCompression | None,
+    sparse: Container = (),
 ) -> tuple[dict[int, list[tuple[Any, Any]]], int]:
     """``{server: [(key, piece)]}`` of a push and the bytes it sends. Per-device
     values are summed here first (on their device when they share one), so one
     array per key crosses the network; with ``compression`` each piece is the
-    codes of every device instead."""
+    codes of every device instead; a row-sparse push sends each server its rows
+    (:func:`labkv.cluster._rows.rank.row_pieces`; ``sparse``: the row-sparse keys)."""
     out: dict[int, list] = defaultdict(list)
     nbytes = 0
     for key, values in items:
+        if is_row_sparse(values[0]):
+            for s, rows in row_pieces(values, meta[key], pieces[key], key, key in sparse):
+                nbytes += rows.nbytes
+                out[s].append((key, rows))
+            continue
         if compression is not None:  # each device's values, 2 (or 1) bits each
             for s, codes in compressed_pieces(compression, pieces[key], values):
                 nbytes += codes.nbytes
@@ -130,6 +143,7 @@ def push_message(
     arrays (``borrowed``: it copies what it keeps). With ``compression`` every
     value is the packed codes of its devices (fresh arrays: never copied)."""
     codes, dtypes = None, None
+    batch, rows = rows_of_batch(batch)  # a row-sparse value's data, its rows in the header
     if compression is not None:
         copy = False
         codes = Codes(compression.type, compression.threshold, {k: len(v) for k, v in batch})
@@ -140,7 +154,7 @@ def push_message(
     values = pack_values([v for _, v in batch], np.array if copy else _same)
     borrowed = not copy and codes is None and same_process
     keys = [k for k, _ in batch]
-    header = PushHeader(*header, keys, dtypes, values.big, borrowed, codes, step)
+    header = PushHeader(*header, keys, dtypes, values.big, borrowed, codes, step, rows)
     return Push(header, values.packed, values.bigs)
 
 
@@ -177,7 +191,7 @@ def fill_outs(items: list, got: dict[tuple[int, Any], Any], meta: Meta, pieces: 
         if len(placed) == 1:
             value = got[(placed[0].server, key)]
             for out in outs:
-                copy_into(out, value)
+                _write(out, value)
             continue
         whole = None
         for out in outs:
@@ -188,7 +202,15 @@ def fill_outs(items: list, got: dict[tuple[int, Any], Any], meta: Meta, pieces: 
                 continue
             if whole is None:
                 whole = join([got[(p.server, key)] for p in placed], *meta[key])
-            copy_into(out, whole)
+            _write(out, whole)
+
+
+def _write(out: Any, value: np.ndarray) -> None:
+    """``value`` into ``out``; a row-sparse ``out`` holds its non-zero rows."""
+    if is_row_sparse(out):
+        out[:] = value.reshape(out.shape)
+    else:
+        copy_into(out, value)
 
 
 def gather_states(gathered: list, meta: Meta, pieces: Pieces) -> tuple[int, dict, dict]:
@@ -237,7 +259,7 @@ def check_same_init(found: dict, items: list, ids: dict) -> None:
     """
     for key, array in items:
         if key in found:
-            shape, dtype, owner_id = found[key]
+            shape, dtype, owner_id = found[key][:3]
             if tuple(shape) != tuple(array.shape) or np.dtype(dtype) != array.dtype:
                 raise ValueError(
                     f"key {key!r} was initialised by rank 0 with shape {tuple(shape)} "

@@ -1,26 +1,21 @@
 """The worker-side distributed store: a :class:`~labkv.store.KVStore` whose
 keys live on server actors (:mod:`labkv.cluster._server.actor`) on Dask workers.
 
-The base class normalises and validates every call; this backend turns the
-checked ``[(key, [arrays])]`` into one message per server per call
-(:mod:`.split`), sends them (:mod:`.calls`, through the links of
-:mod:`labkv.cluster._transport.dask`), and assembles what the servers send back.
+The base class normalises and validates every call; this backend turns the checked
+``[(key, [arrays])]`` into one message per server per call (:mod:`.split`), sends them
+(:mod:`.calls`, links of :mod:`labkv.cluster._transport`), and assembles the replies.
 Choices made here, and why:
 
-- **Small pushes are not waited for, and a rank holds them back to fold them
-  into its next pull** of the same server (:mod:`.calls`, :mod:`.holding`).
-- **Per-device values are summed here first** (``dist_device_sync``: on the
-  device they live on), so one array per key crosses the network.
-- **Only the store's owner (rank 0, or the notebook when it shares its store
-  with a run) initialises keys; every rank ships its updater or optimizer**,
-  saying whether it is the owner (the servers' rules: :mod:`labkv.cluster._server.control`),
-  and returns once every server has one, as in MXNet. Other ranks' ``init``
-  waits until the owner's keys exist, and checks them (as a replacement does).
-- **``str`` keys are numbered in init order** (:class:`._placement.KeyIds`),
-  MXNet's rule, so that a model's keys spread over the servers; the owner's
-  number travels with its init, and a rank that numbered a key otherwise is told.
-- **Calls inside ``kv.steps`` carry the step** (:mod:`.steps`), so that a lost
-  rank can be replaced mid-run.
+- **Small pushes are not waited for**, and held for the next pull (:mod:`.calls`, :mod:`.holding`).
+- **Per-device values are summed here first** (on their device), one array per key travels.
+- **Row-sparse keys move only their rows** (:mod:`labkv.cluster._rows`).
+- **Only the store's owner (rank 0, or the notebook sharing its store with a run)
+  initialises keys; every rank ships its updater or optimizer**, saying whether it
+  is the owner (rules: :mod:`labkv.cluster._server.control`), as in MXNet. Other
+  ranks' ``init`` waits until the owner's keys exist, and checks them.
+- **``str`` keys are numbered in init order** (:class:`._placement.KeyIds`), MXNet's
+  rule; the owner's number travels with its init (a rank that differs is told).
+- **Calls inside ``kv.steps`` carry the step** (:mod:`.steps`): a lost rank is replaced.
 """
 
 from __future__ import annotations
@@ -35,10 +30,13 @@ import numpy as np
 from ..._types import Key
 from ...events import EventBus
 from ...optimizers import Optimizer
+from ...sparse import is_row_sparse
 from ...store import Items, KVStore
 from .._errors import CallTimedOut, failed_update
-from .._placement import KeyIds, Piece, place
+from .._placement import KeyIds, Piece
 from .._protocol.messages import decode_values, values_items
+from .._rows.placement import place_key
+from .._rows.rank import new_out, pull_rows
 from .._transport.base import ServerLink
 from . import split as messages
 from .calls import ACK_ABOVE, Calls
@@ -244,14 +242,15 @@ class DistStore(KVStore):
         self._settings.restore_residuals(exc, self._compression)
 
     # -- keys ------------------------------------------------------------------------
-    def _place(self, key_id: int, size: int) -> list[Piece]:
-        return place(key_id, size, self.num_servers, self._spec.bigarray_bound)
+    def _place(self, key_id: int, shape: tuple, sparse: bool = False) -> list[Piece]:
+        return place_key(key_id, shape, sparse, self.num_servers, self._spec.bigarray_bound)
 
-    def _learn(self, key: Key, shape: tuple, dtype: Any, owner_id: int) -> None:
+    def _learn(self, key: Key, meta: Any) -> None:
         """A key this rank never initialised: placed by the id its owner gave it."""
-        self._ids.adopt(key, owner_id)
-        self._pieces[key] = self._place(owner_id, int(np.prod(shape, dtype=np.int64)))
-        self._meta[key] = (tuple(shape), np.dtype(dtype))
+        self._ids.adopt(key, meta.key_id)
+        self._pieces[key] = self._place(meta.key_id, tuple(meta.shape), meta.sparse)
+        self._meta[key] = (tuple(meta.shape), np.dtype(meta.dtype))
+        self._sparse.update([key] if meta.sparse else [])
         if self._key_kind is None:
             self._key_kind = type(key)
 
@@ -264,13 +263,13 @@ class DistStore(KVStore):
             for found in self._calls.all("keys", unknown):
                 for k, meta in found.items():
                     if k not in self._meta:
-                        self._learn(k, meta.shape, meta.dtype, meta.key_id)
+                        self._learn(k, meta)
         super()._check_known(keys)
 
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
         keys = [k for k, _ in items]
         ids = dict(zip(keys, self._ids.proposed(keys), strict=True))
-        placed = {k: self._place(ids[k], int(a.size)) for k, a in items}
+        placed = {k: self._place(ids[k], tuple(a.shape), is_row_sparse(a)) for k, a in items}
         self._settings.check_updater(self._updater, placed)
         if self._owner and self._incarnation:  # a replacement: its lost one's keys are there
             heir_init(self._calls, items, ids, placed)
@@ -289,14 +288,14 @@ class DistStore(KVStore):
             calls.settle()  # a retry: the push that timed out is the one applied
             return
         calls.reap()
-        compression = self._compression
-        per_server, nbytes = messages.per_server(items, self._meta, self._pieces, compression)
+        compression, meta, pieces = self._compression, self._meta, self._pieces
+        per_server, nbytes = messages.per_server(items, meta, pieces, compression, self._sparse)
         wait = nbytes >= ACK_ABOVE
         links = self._links
         # A replicated dist_sync push is kept until its round is acknowledged, after
         # the push returns: a big one lent to the server is copied to be kept.
         keep_copies = self._spec.replicas > 1 and self._spec.sync
-        meta, step = self._meta, self._steps.pushing
+        step = self._steps.pushing
         with calls.sending("push"):  # numbers taken are numbers sent, Ctrl-C or not
             msgs = []
             for s, batch in per_server.items():
@@ -325,14 +324,17 @@ class DistStore(KVStore):
                 got[(s, key)] = value
         messages.fill_outs(items, got, self._meta, self._pieces)
 
+    def _pull_rows(self, items: list[tuple[Key, np.ndarray]]) -> list[np.ndarray]:
+        args = (self._calls, self._meta, self._pieces, items, self._rank, self._steps.current)
+        return pull_rows(*args)  # each server asked only for its rows (see labkv.cluster._rows)
+
     def _new_out(self, key: Key) -> Any:
-        shape, dtype = self._meta[key]
-        return np.empty(shape, dtype)
+        return new_out(*self._meta[key], key in self._sparse)
 
     def peek(self, key: Key) -> np.ndarray:
-        """``key``'s value as the servers hold it now, without a pull: no event,
-        no waiting for a round, and safe from another thread (a monitor's). In
-        dist_sync it may be a round behind what a pull after a push returns.
+        """``key``'s value (dense) as the servers hold it now, without a pull: no
+        event, no waiting for a round, safe from another thread (a monitor's); in
+        dist_sync maybe a round behind what a pull after a push returns.
 
         >>> kv.peek("w")  # doctest: +SKIP
         array([3., 3., 3.], dtype=float32)
@@ -380,8 +382,7 @@ class DistStore(KVStore):
         )
 
     def server_load(self) -> list[dict[str, Any]]:
-        """Per server: its device, bytes in/out so far, keys and bytes held,
-        messages received."""
+        """Per server: its device, bytes in/out so far, keys, bytes held, messages."""
         return self._calls.all("load")
 
     def close(self) -> None:

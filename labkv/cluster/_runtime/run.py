@@ -29,7 +29,7 @@ from typing import Any
 from ..._types import SYNC_KINDS, dist_kind
 from .._device import parse_server_device
 from .._errors import ClusterError
-from .._events import EventStream, topic_of
+from .._events import EventStream, rank_detail, topic_of
 from .._options import (
     DEFAULT_TIMEOUT_S,
     StoreSpec,
@@ -268,7 +268,7 @@ def run(
     rank_workers = workers[:num_workers]
     # The notebook watches the shared store: the ranks stream their own events too.
     watched = shared and kvstore.events.active
-    detail = (kvstore.events.detail_interval, kvstore.events.detail_burst) if watched else None
+    detail = rank_detail(kvstore.events, num_workers) if watched else None
 
     def submit(rank: int, incarnation: int, worker: str, spec: StoreSpec = spec) -> Any:
         again = f"-i{incarnation}" if incarnation else ""

@@ -180,7 +180,8 @@ class Server:
         self.reports.messages["pull"] += 1
         own = await self._await_readable(pull.sender, pull.seq, pull.keys, pull.rank, pull.step)
         before = None if pull.step is None else self.mode.as_of(pull.keys, pull.rank, pull.step)
-        return self.log.reply(pull.sender, self.mode.values(pull.keys, own, before), self.mode)
+        values = self.mode.values(pull.keys, own, before, pull.rows)  # rows: see _rows.server
+        return self.log.reply(pull.sender, values, self.mode)
 
     async def _apply_carried(self, pushes: list) -> None:
         """Apply each held push (:mod:`labkv.cluster._rank.holding`) as :meth:`push`
@@ -197,9 +198,8 @@ class Server:
     async def _await_readable(
         self, sender: str, seq: int, keys: list[Key], rank: int | None, step: int | None
     ) -> Set[Key]:
-        """Wait for the sender's first ``seq`` pushes and what the mode waits for;
-        the keys read in the sender's own round. A failed update reaches each
-        rank once (the backups cross it off too)."""
+        """Wait for the sender's first ``seq`` pushes and what the mode waits for; the keys
+        read in its own round. A failed update reaches each rank once (backups too)."""
         await self.senders.arrived(sender, seq, "this worker")
         own = await self.mode.readable(sender, keys, rank, step)
         for key in keys:

@@ -86,7 +86,7 @@ def store_new_keys(
         key, piece, shape = item.key, item.piece, item.shape
         shard.init(key, to_device(np.asarray(piece, dtype=item.dtype), device))
         whole = piece.size == int(np.prod(shape))
-        table.add(key, KeyMeta(tuple(shape), item.dtype, item.key_id), whole)
+        table.add(key, KeyMeta(tuple(shape), item.dtype, item.key_id, item.sparse), whole)
         rounds.add(key)
         nbytes += piece.nbytes
     return nbytes

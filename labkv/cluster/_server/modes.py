@@ -40,6 +40,7 @@ from .._device import host_copy, host_view, packed_on_host
 from .._protocol.entries import Clock
 from .._protocol.messages import Codes, Push, encode, pack_values, push_items
 from .._protocol.packing import PACK_BELOW
+from .._rows.server import read_rows, request_nbytes
 from .clocks import Clocks, ClocksSnapshot
 from .keys import KeyTable
 from .order import UpdateQueues
@@ -72,6 +73,8 @@ class Staging:
         self.buffers: dict[tuple[Key, int], Any] = {}
 
     def copy(self, key: Key, rank: int, value: Any) -> Any:
+        if getattr(value, "stype", None) == "row_sparse":
+            return value  # the rank sends a copy of its rows (labkv.cluster._rows.rank)
         stage = self.buffers.get((key, rank))
         if stage is None or stage.shape != value.shape or stage.dtype != value.dtype:
             stage = self.buffers[(key, rank)] = empty(value.shape, value.dtype, self.device)
@@ -135,15 +138,18 @@ class Mode:
         raise NotImplementedError
 
     def values(
-        self, keys: list[Key], own: Set[Key], before: dict[Key, Any] | None = None
+        self, keys: list[Key], own: Set[Key], before: dict | None = None, rows: dict | None = None
     ) -> tuple | bytes:
         """The encoded :class:`~labkv.cluster._protocol.messages.Values` a pull of
         ``keys`` returns (``own``: those read in the sender's own round;
-        ``before``: keys read one round back, see :meth:`as_of`)."""
+        ``before``: keys read one round back, see :meth:`as_of`; ``rows``: the
+        rows read alone, see :mod:`labkv.cluster._rows.server`)."""
         values = [self.shard.read(key) for key in keys]
         if before:
             values = [before.get(k, v) for k, v in zip(keys, values, strict=True)]
             own = own - before.keys()
+        values = read_rows(values, keys, rows, {k: self.table.meta[k].shape for k in keys})
+        self.reports.bytes_in += request_nbytes(rows)
         self.reports.bytes_out += sum(v.nbytes for v in values)
         # Small values are packed: one copy to the host for all of them.
         reply = pack_values(values, small=packed_on_host)
@@ -221,8 +227,7 @@ class SyncMode(Mode):
                 self.marks.mark(key, rank, step, rounds[key].done)
             completed = rounds.join(key, rank, sender, seq, value, time.monotonic())
             if self.reports.active:
-                self.reports.receipt(key, value, rank)
-                self.reports.round(key, rounds[key])
+                self.reports.receipt(key, value, rank, rounds[key])
             if completed:
                 complete.append(key)
         if complete:

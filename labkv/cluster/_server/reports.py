@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..._types import Key
-from ...events import EventBus
+from ...events import COMPACT_AT, EventBus
 from ...shard import Shard
 from .clocks import Clocks
 from .keys import KeyTable
@@ -32,16 +32,36 @@ class Reports:
         self.shard, self.table, self.rounds = shard, table, rounds
         self.bytes_in = self.bytes_out = 0
         self.messages = {"push": 0, "pull": 0}
+        #: the rounds changed since the bus's last flush, and those completed (with
+        #: their number and wait): sent as records at its next flush (see round)
+        self._changed: dict[Key, Round] = {}
+        self._ended: dict[Key, tuple[int, float, list[int]]] = {}
+        #: dist_ssp waits kept per key and rank ``[in all, last, pulls]`` (see clocks)
+        self._waits: dict[Key, dict[int, list[Any]]] = {}
+        self._clocks: Clocks | None = None
+        #: receipts only noted (key, bytes), counted at the next flush (see receipt)
+        self._received: list[tuple[Key, int]] = []
+        bus.on_flush.append(self._send_rounds)
 
     @property
     def active(self) -> bool:
         """Whether anyone watches (else events are not even made)."""
         return self.bus.active
 
-    def receipt(self, key: Key, value: Any, rank: int) -> None:
-        admitted = self.bus.admit("push", key, int(value.nbytes), rank, self.sid)
+    def receipt(self, key: Key, value: Any, rank: int, r: Round | None = None) -> None:
+        """Rank ``rank``'s push of ``key`` arrived (and joined the round ``r``).
+        While the bus has no detail left for pushes, the receipt is only noted
+        here (a list append) and counted at the next flush: at 64 ranks and 500
+        keys a server receives 32,000 pushes a round."""
+        if r is not None:
+            self._changed[key] = r
+        bus = self.bus
+        if bus.used_up("push"):
+            self._received.append((key, int(value.nbytes)))
+            return
+        admitted = bus.admit("push", key, int(value.nbytes), rank, self.sid)
         if admitted:  # else only counted: bus.flush() reports it at the next tick
-            self.bus.emit(
+            bus.emit(
                 "push",
                 key,
                 value,
@@ -54,27 +74,69 @@ class Reports:
 
     def annotate(self, event: dict[str, Any]) -> None:
         """Counted pushes (``bus.flush()``) say whether they are slice 0's too, so
-        that views count each push of a sliced key once."""
+        that views count each push of a sliced key once (a record of many keys:
+        per key, in ``extra["first"]``)."""
         if event["op"] == "push" and event["tally"]:
-            event["first_piece"] = self.table.first_piece.get(event["key"], True)
+            first = self.table.first_piece
+            keys = event["extra"].get("keys") if event["key"] is None else None
+            if keys is not None:
+                event["extra"]["first"] = [first.get(k, True) for k in keys]
+            else:
+                event["first_piece"] = first.get(event["key"], True)
 
     def round(self, key: Key, r: Round, completed: int | None = None) -> None:
-        num_workers = self.rounds.num_workers
-        pushed = sorted(r.pending)
-        waited = 0.0 if r.first_push is None else time.monotonic() - r.first_push
-        self.bus.emit(
-            "round",
-            key,
-            server=self.sid,
-            extra={
-                "round": r.done if completed is None else completed,
+        """``key``'s round changed (a push joined it, or it ``completed``): its
+        state goes out at the bus's next flush, as one record per key (and one
+        more for a round completed since), not one event per push. Each record
+        lists W ranks: one per push made the server's work O(W^2) per key-round."""
+        if completed is not None:  # what it was as it completed (the run may end next)
+            waited = 0.0 if r.first_push is None else time.monotonic() - r.first_push
+            self._ended[key] = (completed, waited, sorted(r.pending))
+        self._changed[key] = r
+
+    def _send_rounds(self) -> None:
+        """The bus flushes: the dist_ssp waits kept go out (one record per key),
+        the receipts only noted go to its counts, and the
+        rounds changed since its last flush go out as one event
+        per key, or as one record of them all for more than ``COMPACT_AT`` keys
+        (:func:`labkv.events.round_rows` reads either)."""
+        if self._waits:
+            self._send_clocks()
+        received, self._received = self._received, []
+        if received:
+            keys, nbytes = [k for k, _ in received], [n for _, n in received]
+            self.bus.counted("push", keys, nbytes, self.sid)
+        changed, self._changed = self._changed, {}
+        ended, self._ended = self._ended, {}
+        if not changed:
+            return
+        workers = self.rounds.num_workers
+        everyone = list(range(workers))
+        rows: list[list[Any]] = []
+        now = time.monotonic()
+        for key, r in changed.items():
+            done = ended.get(key)
+            if done is not None:
+                rows.append([key, done[0], done[2], [], done[1], True])
+            if r.pending:
+                pushed = sorted(r.pending)
+                waited = 0.0 if r.first_push is None else now - r.first_push
+                missing = sorted(set(everyone) - set(pushed))
+                rows.append([key, r.done, pushed, missing, waited, False])
+        if len(rows) > COMPACT_AT:
+            extra = {"num_workers": workers, "rounds": rows}
+            self.bus.emit("round", None, server=self.sid, extra=extra)
+            return
+        for key, number, pushed, missing, waited, complete in rows:
+            extra = {
+                "round": number,
                 "pushed": pushed,
-                "missing": sorted(set(range(num_workers)) - set(pushed)),
-                "num_workers": num_workers,
+                "missing": missing,
+                "num_workers": workers,
                 "waited_s": waited,
-                "complete": completed is not None,
-            },
-        )
+                "complete": complete,
+            }
+            self.bus.emit("round", key, server=self.sid, extra=extra)
 
     def round_ended(self, key: Key, r: Round) -> None:
         """A dist_sync round of ``key`` finishes (watched or not)."""
@@ -82,22 +144,55 @@ class Reports:
             self.round(key, r, completed=r.done)
 
     def clocks(self, clocks: Clocks, key: Key, rank: int, waited: float) -> None:
+        """A dist_ssp pull of ``key`` by ``rank`` waited ``waited`` s for the
+        slowest rank: a detailed ``clock`` event while the op's budget lasts, else
+        kept here and sent at the next flush as one record of the key (its clocks
+        then, and per rank the waits and pulls since: ``extra["waits"]``)."""
+        if self.bus.take_detail("clock"):
+            self._emit_clock(clocks, key, rank, waited, 1)
+            return
+        self._clocks = clocks
+        waits = self._waits.setdefault(key, {})
+        kept = waits.get(rank)
+        if kept is None:
+            waits[rank] = [waited, waited, 1]
+        else:
+            kept[0] += waited
+            kept[1] = waited
+            kept[2] += 1
+
+    def _emit_clock(
+        self,
+        clocks: Clocks,
+        key: Key,
+        rank: int,
+        waited: float,
+        count: int,
+        waits: list[list[Any]] | None = None,
+    ) -> None:
         of = clocks.of(key)
         slowest, low = clocks.slowest(key)
-        self.bus.emit(
-            "clock",
-            key,
-            rank=rank,
-            server=self.sid,
-            extra={
-                "clocks": [of[r] for r in sorted(of)],  # by rank (msgpack: no int keys)
-                "clock": of.get(rank, 0),
-                "staleness": clocks.staleness,
-                "slowest": slowest,
-                "slowest_clock": low,
-                "waited_s": waited,
-            },
-        )
+        extra = {
+            "clocks": [of[r] for r in sorted(of)],  # by rank (msgpack: no int keys)
+            "clock": of.get(rank, 0),
+            "staleness": clocks.staleness,
+            "slowest": slowest,
+            "slowest_clock": low,
+            "waited_s": waited,
+        }
+        if waits is not None:
+            extra["waits"] = waits  # [rank, waited in all, the last wait, pulls]
+        self.bus.emit("clock", key, rank=rank, server=self.sid, count=count, extra=extra)
+
+    def _send_clocks(self) -> None:
+        """The dist_ssp waits kept since the last flush, one record per key: the
+        rank that waited longest names it (its last wait is the record's)."""
+        kept, self._waits = self._waits, {}
+        for key, waits in kept.items():
+            rows = [[rank, total, last, n] for rank, (total, last, n) in sorted(waits.items())]
+            rank, _, last, _ = max(rows, key=lambda row: row[1])
+            pulls = sum(row[3] for row in rows)
+            self._emit_clock(self._clocks, key, rank, last, pulls, rows)
 
     def backup_lost(self, lost: list[Any], members: list[Any]) -> None:
         """A backup was lost (the primary stays): ``members`` are the replicas left."""

@@ -301,12 +301,11 @@ class ndarray(NDArrayOperatorsMixin):
         return ndarray._of(self._data.view(dtype) if dtype else self._data.view(), self._device)
 
     def __getitem__(self, index: Any) -> ndarray:
-        if isinstance(index, ndarray):
-            _kernel(self, index)
-            index = index._data
+        index = _device_index(self, index)
         return _wrap(self._data[index], self._device)
 
     def __setitem__(self, index: Any, value: Any) -> None:
+        index = _device_index(self, index)
         if isinstance(value, np.ndarray):
             value = asarray(value)  # CuPy copies a host value over first
         _kernel(self, value)
@@ -377,6 +376,18 @@ class ndarray(NDArrayOperatorsMixin):
         if mine is None or not all(issubclass(t, ndarray) for t in types):
             return NotImplemented
         return mine(*args, **kwargs)
+
+
+def _device_index(array: ndarray, index: Any) -> Any:
+    """An index as numpy takes it. An index array must be on the current device with
+    ``array`` (CuPy first copies a host index array onto the current device, so a
+    host index is checked as one made there)."""
+    if isinstance(index, ndarray):
+        _kernel(array, index)
+        return index._data
+    if isinstance(index, np.ndarray) and index.dtype.kind in "biu" and index.ndim:
+        _kernel(array)
+    return index
 
 
 # -- module functions (new arrays land on the current device) --------------------------
