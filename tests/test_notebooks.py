@@ -174,6 +174,11 @@ WRONG = {
         "answer2 = 2 * (ALPHA + M / B)  # the fan-in forgotten",
         "answer2 = ALPHA + 8 * M / 2 / B  # the pull forgotten",
     ],
+    "solutions/11_1.py": [
+        "answer1 = (USERS + ITEMS) * K * 4  # the dense tables",
+        "answer1 = 2 * BATCH * (K * 4 + 8)  # a row for every rating, repeats too",
+        "answer1 = (len(set(users_in_batch)) + len(set(items_in_batch))) * K * 4  # the row numbers forgotten",
+    ],
 }
 
 
