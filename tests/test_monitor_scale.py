@@ -108,3 +108,30 @@ def test_dist_ssp_waits_are_one_record_per_key_and_flush_with_exact_pulls():
         assert c.waited == pytest.approx({r: pulls * 0.001 * r for r in range(ranks)})
         assert c.last_wait == pytest.approx({r: 0.001 * r for r in range(ranks)})
         assert c.clocks == [r % 3 for r in range(ranks)] and 0 in c.slowest()
+
+
+def test_a_dist_ssp_record_sent_after_the_run_ended_keeps_the_run_s_ranks():
+    """The waits kept for the flush are reported with the clocks of the run they
+    were made in, though the store went back to 1 rank before the flush (the
+    notebook's store after ``run``: ``Clocks.reset``)."""
+    from labkv.cluster._server.clocks import Clocks
+    from labkv.cluster._server.keys import KeyTable
+    from labkv.cluster._server.reports import Reports
+    from labkv.cluster._server.rounds import SyncRounds
+    from labkv.events import EventBus
+    from labkv.shard import Shard
+
+    bus = EventBus("dist_ssp-s")
+    reports = Reports(0, "cpu(0)", bus, Shard(bus, server=0), KeyTable(0), SyncRounds(2))
+    clocks = Clocks(staleness=1, num_workers=2)
+    events = []
+    bus.op_budget = 1
+    bus.subscribe(events.append, detail_interval=60.0, detail_burst=1)
+    clocks.tick(0, ["w", "w", "w"])
+    clocks.tick(1, ["w"])
+    reports.clocks(clocks, "w", 0, waited=0.1)  # detailed: the budget
+    reports.clocks(clocks, "w", 0, waited=0.2)  # kept for the flush
+    clocks.reset(1)  # the run ends before the flush
+    bus.flush()
+    (record,) = [e for e in events if "waits" in e.extra]
+    assert record.extra["clocks"] == [3, 1] and record.extra["slowest"] == [1]

@@ -38,7 +38,7 @@ class Reports:
         self._ended: dict[Key, tuple[int, float, list[int]]] = {}
         #: dist_ssp waits kept per key and rank ``[in all, last, pulls]`` (see clocks)
         self._waits: dict[Key, dict[int, list[Any]]] = {}
-        self._clocks: Clocks | None = None
+        self._clocks: dict[Key, tuple[list[int] | None, int, Clocks]] = {}
         #: receipts only noted (key, bytes), counted at the next flush (see receipt)
         self._received: list[tuple[Key, int]] = []
         bus.on_flush.append(self._send_rounds)
@@ -149,9 +149,11 @@ class Reports:
         kept here and sent at the next flush as one record of the key (its clocks
         then, and per rank the waits and pulls since: ``extra["waits"]``)."""
         if self.bus.take_detail("clock"):
-            self._emit_clock(clocks, key, rank, waited, 1)
+            self._emit_clock(_clock_view(clocks, key), key, rank, waited, 1)
             return
-        self._clocks = clocks
+        # What the clocks are now, kept by reference (O(1)): by the flush the run may
+        # have ended and the store gone back to 1 rank (Clocks.reset drops the rows).
+        self._clocks[key] = (clocks.clocks.get(key), clocks.num_workers, clocks)
         waits = self._waits.setdefault(key, {})
         kept = waits.get(rank)
         if kept is None:
@@ -163,20 +165,21 @@ class Reports:
 
     def _emit_clock(
         self,
-        clocks: Clocks,
+        view: tuple[list[int], Clocks],
         key: Key,
         rank: int,
         waited: float,
         count: int,
         waits: list[list[Any]] | None = None,
     ) -> None:
-        of = clocks.of(key)
-        slowest, low = clocks.slowest(key)
+        by_rank, clocks = view
+        live = {r: c for r, c in enumerate(by_rank) if r not in clocks.gone}
+        low = min(live.values(), default=0)
         extra = {
-            "clocks": [of[r] for r in sorted(of)],  # by rank (msgpack: no int keys)
-            "clock": of.get(rank, 0),
+            "clocks": by_rank,  # by rank (msgpack: no int keys)
+            "clock": by_rank[rank] if rank < len(by_rank) else 0,
             "staleness": clocks.staleness,
-            "slowest": slowest,
+            "slowest": [r for r, c in live.items() if c == low],
             "slowest_clock": low,
             "waited_s": waited,
         }
@@ -192,7 +195,9 @@ class Reports:
             rows = [[rank, total, last, n] for rank, (total, last, n) in sorted(waits.items())]
             rank, _, last, _ = max(rows, key=lambda row: row[1])
             pulls = sum(row[3] for row in rows)
-            self._emit_clock(self._clocks, key, rank, last, pulls, rows)
+            row, workers, clocks = self._clocks.pop(key)
+            by_rank = [row[r] if row is not None and r < len(row) else 0 for r in range(workers)]
+            self._emit_clock((by_rank, clocks), key, rank, last, pulls, rows)
 
     def backup_lost(self, lost: list[Any], members: list[Any]) -> None:
         """A backup was lost (the primary stays): ``members`` are the replicas left."""
@@ -217,3 +222,9 @@ class Reports:
             "bytes_held": held,
             "messages": dict(self.messages),
         }
+
+
+def _clock_view(clocks: Clocks, key: Key) -> tuple[list[int], Clocks]:
+    """``key``'s clock of every rank now (0 for a rank that has not pushed it)."""
+    of = clocks.of(key)
+    return [of[r] for r in sorted(of)], clocks
