@@ -43,6 +43,7 @@ __all__ = [
     "Subscription",
     "compact_rows",
     "per_key",
+    "round_extra",
     "round_rows",
     "export_trace",
     "summarize",
@@ -128,20 +129,25 @@ def round_rows(event: Event) -> list[tuple[Key, dict[str, Any]]]:
     if event.key is not None or "rounds" not in x:
         return [(event.key, x)]
     workers = x["num_workers"]
-    return [
-        (
-            key,
-            {
-                "round": number,
-                "pushed": pushed,
-                "missing": missing,
-                "num_workers": workers,
-                "waited_s": waited,
-                "complete": complete,
-            },
-        )
-        for key, number, pushed, missing, waited, complete in x["rounds"]
-    ]
+    return [(row[0], round_extra(row, workers)) for row in x["rounds"]]
+
+
+def round_extra(row: list[Any], num_workers: int) -> dict[str, Any]:
+    """One key's round ``extra`` from a row ``[key, round, pushed, missing,
+    waited_s, complete]`` of a server's record (what a one-key event carries).
+
+    >>> round_extra(["w", 3, [0], [1], 0.5, False], 2)["missing"]
+    [1]
+    """
+    _, number, pushed, missing, waited, complete = row
+    return {
+        "round": number,
+        "pushed": pushed,
+        "missing": missing,
+        "num_workers": num_workers,
+        "waited_s": waited,
+        "complete": complete,
+    }
 
 
 def per_key(event: Event) -> list[Event]:

@@ -148,7 +148,7 @@ class Mode:
         if before:
             values = [before.get(k, v) for k, v in zip(keys, values, strict=True)]
             own = own - before.keys()
-        values = read_rows(values, keys, rows, {k: self.table.meta[k].shape for k in keys})
+        values = read_rows(values, keys, rows, {k: self.table.meta[k].shape for k in rows or ()})
         self.reports.bytes_in += request_nbytes(rows)
         self.reports.bytes_out += sum(v.nbytes for v in values)
         # Small values are packed: one copy to the host for all of them.

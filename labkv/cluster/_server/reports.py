@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..._types import Key
-from ...events import COMPACT_AT, EventBus
+from ...events import COMPACT_AT, EventBus, round_extra
 from ...shard import Shard
 from .clocks import Clocks
 from .keys import KeyTable
@@ -127,16 +127,8 @@ class Reports:
             extra = {"num_workers": workers, "rounds": rows}
             self.bus.emit("round", None, server=self.sid, extra=extra)
             return
-        for key, number, pushed, missing, waited, complete in rows:
-            extra = {
-                "round": number,
-                "pushed": pushed,
-                "missing": missing,
-                "num_workers": workers,
-                "waited_s": waited,
-                "complete": complete,
-            }
-            self.bus.emit("round", key, server=self.sid, extra=extra)
+        for row in rows:
+            self.bus.emit("round", row[0], server=self.sid, extra=round_extra(row, workers))
 
     def round_ended(self, key: Key, r: Round) -> None:
         """A dist_sync round of ``key`` finishes (watched or not)."""
