@@ -59,3 +59,100 @@ class DaskProcesses:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
+
+
+# -- waiting for the cluster's reports (notebooks 07 and 08) ------------------------------------
+
+
+def settle(mon, until=None, timeout: float = 20.0) -> None:
+    """Wait until the monitor ``mon`` has heard every report still on its way
+    (``mon.settle()``: the servers and ranks send theirs in batches) and, when
+    given, ``until(mon.model)`` holds; raises ``TimeoutError`` after ``timeout``
+    seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        settled = mon.settle(timeout=max(0.0, deadline - time.monotonic()))
+        if settled and (until is None or until(mon.model)):
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"the monitor's reports did not settle within {timeout:g} s")
+        time.sleep(0.1)
+
+
+def wait_for_reseed(kv, handle, events, workers: int, timeout: float = 60.0) -> None:
+    """Wait until a replicated store ``kv`` seeded a new backup (a ``reseed`` among
+    ``events``, the events the notebook collected) and the cluster ``handle`` has
+    ``workers`` workers again (the nanny restarts a killed one). The store looks
+    for a worker to seed on when it is called: this pulls its keys meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not (any(e.op == "reseed" for e in events) and len(handle.workers()) >= workers):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no new backup was seeded within {timeout:g} s")
+        kv.pull(kv.keys())
+        time.sleep(0.5)
+
+
+# -- notebooks 05 and 05b: runs in the background, sampling, the monitor's text --
+
+
+class Background:
+    """``fn(*args, **kwargs)`` running in a thread of this kernel, so that the
+    notebook can look at the monitor while it runs; :meth:`join` waits and returns
+    its result (or raises what it raised)."""
+
+    def __init__(self, fn, *args, **kwargs) -> None:
+        import threading
+
+        self._result: list = []
+        self._error: list = []
+
+        def target() -> None:
+            try:
+                self._result.append(fn(*args, **kwargs))
+            except BaseException as exc:  # handed to join
+                self._error.append(exc)
+
+        self._thread = threading.Thread(target=target, daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self):
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self._result[0]
+
+
+def in_background(fn, *args, **kwargs) -> Background:
+    """Start ``fn(*args, **kwargs)`` in a thread; ``.join()`` returns its result."""
+    return Background(fn, *args, **kwargs)
+
+
+def sample_while(fn, read, every: float = 0.01):
+    """Run ``fn()`` in a thread and call ``read()`` every ``every`` seconds until
+    it returns, and once more after: ``(fn's result, [(time.time(), read()), ...])``.
+    Notebook 05 reads the servers' model this way (``kv.peek``) while the ranks train."""
+    job = Background(fn)
+    samples = []
+    while not job.done():
+        samples.append((time.time(), read()))
+        time.sleep(every)
+    result = job.join()
+    samples.append((time.time(), read()))
+    return result, samples
+
+
+def summary_section(summary: str, title: str) -> str:
+    """The section of a monitor's text summary (``mon.summary()``) whose first line
+    starts with ``title`` (e.g. ``"fan-in"``), up to the next blank line."""
+    lines, found = [], False
+    for line in summary.splitlines():
+        if not found and line.startswith(title):
+            found = True
+        elif found and not line.strip():
+            break
+        if found:
+            lines.append(line)
+    return "\n".join(lines) if found else f"(no {title!r} section in the summary)"

@@ -109,7 +109,8 @@ def test_notebook_uses_only_documented_public_api(path):
 def test_notebook_opens_with_its_plan_and_ends_with_its_recap(path):
     nb = nbformat.read(path, as_version=4)
     first = nb.cells[0].source
-    assert first.startswith(f"# {path.stem[:2]} · "), "the title carries the notebook's number"
+    number = path.stem.split("_")[0]  # "05", "05b"
+    assert first.startswith(f"# {number} · "), "the title carries the notebook's number"
     for part in ("**You will learn**", "**You need**", "**Time**"):
         assert part in first, f"the first cell says no {part}"
     last = [c.source for c in nb.cells if c.cell_type == "markdown"][-1]
@@ -148,14 +149,37 @@ WRONG = {
         "def reducer_traffic(n, nbytes):\n    return 2 * nbytes if n == 1 else 3 * (n - 1) * nbytes  # the pull forgotten",
         "reducer_traffic = 17 * (1920 << 20)  # one number typed in",
     ],
-    "solutions/04_1.py": ["answer1 = 300 * 50  # not sliced"],
-    "solutions/04_2.py": [
-        "answer2 = {c: 2 * 1_000_000 * c[0] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}  # the servers not counted"
+    "solutions/04_1.py": [
+        "answer1 = 300 * 50  # not sliced",
+        "answer1 = 300 * 50 * 4 // 2  # bytes, not elements",
     ],
-    "solutions/05_1.py": ["answer1 = 10  # one update per round, as in dist_sync"],
+    "solutions/04_2.py": [
+        "answer2 = {c: 2 * 1_000_000 * c[0] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}  # the servers not counted",
+        "answer2 = {c: 1_000_000 * c[0] / c[1] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}  # the pulls forgotten",
+        "answer2 = {c: 2 * 1_000_000 / c[1] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}  # the ranks not counted",
+    ],
+    "solutions/05_1.py": [
+        "answer1 = (20, 20)  # pushes counted, not updater calls",
+        "answer1 = (10, 10)  # dist_async taken to have rounds too",
+        "answer1 = (20, 10)  # sync and async swapped",
+        "answer1 = 20  # one number, for dist_async only",
+    ],
     "solutions/05_2.py": ["answer2 = [True] * 4  # every pull waits, as in dist_sync"],
-    "solutions/06_1.py": ["answer1 = (32, 31)  # the ranks forgotten"],
-    "solutions/06_2.py": ["answer2 = (200, 200)  # every rank reads only its share"],
+    "solutions/05b_1.py": [
+        "answer1 = (20.0, 99.0)  # rank 1's own init taken to count",
+        "answer1 = (99.0, 99.0)  # the pull taken to wait for rank 0's push",
+        "answer1 = (10.0, 10.0)  # the barrier taken to change nothing",
+        "answer1 = 99.0  # one number",
+    ],
+    "solutions/06_1.py": [
+        "answer1 = (32, 31)  # the ranks forgotten",
+        "answer1 = (5, 6)  # padding and drop_last swapped",
+        "answer1 = (6, 6)  # drop_last taken to drop nothing",
+    ],
+    "solutions/06_2.py": [
+        "answer2 = (200, 200)  # every rank reads only its share",
+        "answer2 = (200, 1200)  # the two slicings swapped",
+    ],
     "solutions/07_1.py": [
         "answer1 = (2 * 21 * 19240, 2 * 23 * 19240)  # the padded step forgotten",
         "answer1 = (2 * 22 * 19240, 2 * 22 * 19240)  # the pulls outside the steps forgotten",
@@ -164,8 +188,15 @@ WRONG = {
         "answer2 = (3, 3)  # the alias forgotten",
         "answer2 = (1, 1)  # zero_grad taken to zero the worker's tensor either way",
     ],
-    "solutions/08_1.py": ["answer1 = float((after_resume[1] - checkpoint[1])[0])  # with momentum"],
-    "solutions/09_1.py": ["answer1 = [1, 2]  # the round-robin starts at the other worker"],
+    "solutions/08_1.py": [
+        "answer1 = float((after_resume[1] - checkpoint[1])[0])  # with momentum",
+        "answer1 = 0.1  # the step's sign flipped",
+        "answer1 = -0.1 * 0.9  # the momentum factor applied to the first step",
+    ],
+    "solutions/09_1.py": [
+        "answer1 = [1, 2]  # the round-robin starts at the other worker",
+        "answer1 = [3, 0]  # every server on the first worker",
+    ],
     "solutions/10_1.py": [
         "answer1 = (8 - 1) * M // 8  # the reduce-scatter only",
         "answer1 = 2 * M  # a worker's push and pull",

@@ -24,6 +24,9 @@ STYLE = """<style>
 .labkv-pushed { background: #c8f0c8; }
 .labkv-empty { color: #888; font: 12px sans-serif; }
 .labkv-value-caption span, .labkv-header { white-space: nowrap; }
+/* an event's value (a failover's replicas, a round's ranks) wraps at the panel's edge */
+.labkv-log td:last-child { white-space: normal; overflow-wrap: anywhere; min-width: 16em; }
+.widget-box:has(> .labkv-log-view) { flex-shrink: 1 !important; min-width: 0; }
 </style>"""
 
 

@@ -205,6 +205,55 @@ class Monitor(FrontEnd):
                 self._catch_up()
             self._draw()
 
+    def settle(self, timeout: float = 10.0, quiet: float = 0.3) -> bool:
+        """Wait for the reports still on their way, refreshing: ``True`` once no
+        event has arrived for ``quiet`` seconds and the servers' byte counters the
+        monitor shows equal those the store reads from its servers now
+        (``kv.server_load()``, a cluster store), ``False`` when ``timeout``
+        seconds passed first. A cluster's servers and ranks send their events in
+        batches (every ~0.1 s), so the monitor hears of a run's last calls a
+        little after ``run`` returns: settle before reading the monitor's
+        numbers or closing it, and its last picture is complete. A closed
+        monitor has nothing to wait for.
+
+        >>> import labkv, numpy as np
+        >>> kv = labkv.create("local")
+        >>> mon = Monitor(kv)
+        >>> kv.init("w", np.zeros(2))
+        >>> kv.push("w", np.ones(2))
+        >>> mon.settle(quiet=0.05), mon.model.keys["w"].pushes
+        (True, 1)
+        >>> mon.close()
+        """
+        deadline = time.monotonic() + timeout
+        seen, since = -1, time.monotonic()
+        while not self.closed:
+            self.refresh()
+            now = time.monotonic()
+            if self.model.events_seen != seen:
+                seen, since = self.model.events_seen, now
+            elif now - since >= quiet and self._servers_shown():
+                return True
+            if now >= deadline:
+                return False
+            time.sleep(min(0.05, quiet / 2))
+        return True
+
+    def _servers_shown(self) -> bool:
+        """Whether the server table holds each server's byte counters as it
+        reports them now (no store or server to ask: nothing more to come)."""
+        read = getattr(self.kv, "server_load", None)
+        try:
+            loads = read() if read is not None else []
+        except Exception:  # a closed store or a lost server sends nothing more
+            return True
+        with self.model.lock:
+            shown = {s: (ld.bytes_in, ld.bytes_out) for s, ld in self.model.servers.items()}
+        return all(
+            shown.get(ld.get("server", i)) == (ld["bytes_in"], ld["bytes_out"])
+            for i, ld in enumerate(loads)
+        )
+
     def _draw(self) -> None:
         """Bring the dashboard (if any) up to date with the model (under the refresh lock)."""
         dashboard = self._dashboard

@@ -15,7 +15,9 @@ shut down before the next one starts. After Run All, for each notebook:
 - the monitor is compact (each of its tabs under 480 px) and its value plot is
   drawn when its tab is shown;
 - a clocks panel shown on its own (``mon.show("clocks")``, notebook 05's dist_ssp
-  run with a slow rank) has its rows, and the fast rank is the one that waited.
+  run with a slow rank) has its rows, and the fast rank is the one that waited;
+- notebook 05: the dist_ssp run's monitor, left open, draws its timeline tab, and the
+  slow round's fan-in snapshot (rank 1 ``MISSING``) is printed.
 
 Screenshots of each notebook's monitor (the keys tab, and each tab), of its page,
 and a JSON report (cells, log entries, run time) go to ``artifacts/screenshots/``
@@ -158,12 +160,47 @@ def _visit_tabs(page, box, stem: str) -> list[dict]:
             "els => els.filter(e => e.offsetWidth > 0 && e.offsetHeight > 0).length"
         )
         title = tabs.nth(i).inner_text().strip()
-        seen.append({"title": title, "height": box.bounding_box()["height"], "plots": canvases})
+        right = box.bounding_box()["x"] + box.bounding_box()["width"]
+        # tables drawn past the monitor's right edge (their text cut there), in px
+        past = box.locator("table").evaluate_all(
+            "(els, right) => Math.max(0, ...els.filter(e => e.offsetWidth > 0)"
+            ".map(e => e.getBoundingClientRect().right - right))",
+            right,
+        )
+        seen.append(
+            {
+                "title": title,
+                "height": box.bounding_box()["height"],
+                "plots": canvases,
+                "past": past,
+            }
+        )
         box.screenshot(path=str(ARTIFACTS / f"{stem}-tab{i}.png"))
     if seen:
         tabs.nth(0).click()
         page.wait_for_timeout(300)
     return seen
+
+
+def _ssp_timeline(page, stem: str) -> dict:
+    """Notebook 05: open the timeline tab of the last monitor on the page (the dist_ssp
+    run's, left open) and report its drawn plots and text (a screenshot of it too)."""
+    box = page.locator(".labkv-monitor").last
+    box.scroll_into_view_if_needed()
+    box.locator(".lm-TabBar-tab", has_text="timeline").click()
+    page.wait_for_timeout(1500)
+    plots = box.locator("canvas").evaluate_all(
+        "els => els.filter(e => e.offsetWidth > 0 && e.offsetHeight > 0).length"
+    )
+    box.screenshot(path=str(ARTIFACTS / f"{stem}-ssp-timeline.png"))
+    # the outputs of the slow round (its printed fan-in), the race and its plots, for a look
+    cells = (("1 s into the slow round", "fan-in"), ("final excess loss", "race"))
+    for text, name in (*cells, ("show(row(*plots))", "race-plots")):
+        out = page.locator(".jp-CodeCell", has_text=text).first.locator(".jp-Cell-outputWrapper")
+        out.scroll_into_view_if_needed()
+        page.wait_for_timeout(500)
+        out.screenshot(path=str(ARTIFACTS / f"{stem}-{name}.png"))
+    return {"plots": plots, "text": box.inner_text()[:1000]}
 
 
 def _shut_down_kernels(base: str, token: str) -> None:
@@ -198,7 +235,7 @@ def test_the_readme_command_opens_the_first_notebook_with_docs_at_hand(lab):
     assert {"README.md", "docs", "notebooks"} <= names, names
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem[:2] for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem.split("_")[0] for p in NOTEBOOKS])
 def test_run_all_cells(lab, path):
     page = lab["browser"].new_page(viewport={"width": 1400, "height": 1400})
     console: list[str] = []
@@ -208,7 +245,7 @@ def test_run_all_cells(lab, path):
         # A workspace of its own: the default one would reopen (and start kernels
         # for) the notebooks of the tests before.
         page.goto(
-            f"{lab['base']}/lab/workspaces/{stem[:2]}/tree/notebooks/{path.name}"
+            f"{lab['base']}/lab/workspaces/{stem.split('_')[0]}/tree/notebooks/{path.name}"
             f"?token={lab['token']}",
             wait_until="domcontentloaded",
         )
@@ -227,6 +264,12 @@ def test_run_all_cells(lab, path):
             monitor["height"] = box.bounding_box()["height"]
             monitor["tabs"] = _visit_tabs(page, box, stem)
             box.screenshot(path=str(ARTIFACTS / f"{stem}.png"))
+        if stem.startswith("05_"):  # notebook 05: the SSP run's monitor (the last) is left open
+            monitor["ssp_timeline"] = _ssp_timeline(page, stem)
+        parts = page.locator(".labkv-part")  # the parts shown alone (mon.show), last pictures
+        for i in range(parts.count()):
+            parts.nth(i).scroll_into_view_if_needed()
+            parts.nth(i).screenshot(path=str(ARTIFACTS / f"{stem}-part{i}.png"))
         page.screenshot(path=str(ARTIFACTS / f"{stem}-page.png"))
         page.wait_for_timeout(500)  # messages the scrolling made the views send
         cells = page.evaluate(CELLS)
@@ -259,6 +302,8 @@ def test_run_all_cells(lab, path):
         assert value_tab["plots"] >= 1, f"the value plot is not drawn: {monitor}"
         timeline_tab = next(t for t in monitor["tabs"] if t["title"] == "timeline")
         assert timeline_tab["plots"] >= 1, f"the timeline is not drawn: {monitor}"
+        events_tab = next(t for t in monitor["tabs"] if t["title"] == "events")
+        assert events_tab["past"] <= 1, f"the event log is cut at the monitor's edge: {monitor}"
         assert (ARTIFACTS / f"{stem}.png").stat().st_size > 5_000
     if _shows_clocks(path):  # a dist_ssp run with rank 1 slow on purpose, watched live
         assert monitor["clocks"], f"the clocks panel shown alone has no rows: {monitor}"
@@ -266,6 +311,17 @@ def test_run_all_cells(lab, path):
         assert len(row) >= 6, row  # key, staleness, slowest, spread, then a cell per rank
         assert _waited(row[4]) > _waited(row[5]), f"the fast rank 0 should do the waiting: {row}"
     assert monitor["errors"] == 0, "a widget failed to render"
+    if stem.startswith("05_"):  # what notebook 05's text promises after Run All
+        timeline = monitor["ssp_timeline"]
+        assert timeline["plots"] >= 1 and "no events yet" not in timeline["text"], (
+            f"the SSP run's timeline is not drawn: {timeline}"
+        )
+        printed = "".join(
+            _text(o) for c in code for o in c["outputs"] if o["output_type"] == "stream"
+        )
+        assert "MISSING" in printed, (
+            "the slow round's fan-in snapshot (rank 1 MISSING) is not printed"
+        )
     checks = [c for c in code if "check" in c["tags"]]
     assert checks, "no exercise check cell (tagged 'check')"
     for c in checks:
