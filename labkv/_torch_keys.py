@@ -22,13 +22,14 @@ may already hold under them.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from ._torch_tensors import pull_into, store_array, wire_dtype
+from .sparse import RowSparseArray
 
 Named = Iterable[tuple[str, torch.Tensor]]
 
@@ -39,8 +40,16 @@ _GRADIENT_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CLAIMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def check_keys(kvstore: Any, names: list[str], tensors: list[torch.Tensor], what: str) -> None:
-    """Everything a store would refuse about these keys, before anything changes."""
+def check_keys(
+    kvstore: Any,
+    names: list[str],
+    tensors: list[torch.Tensor],
+    what: str,
+    sparse: Container[str] | None = None,
+) -> None:
+    """Everything a store would refuse about these keys, before anything changes;
+    ``sparse``: the keys that take sparse gradients (a DistributedOptimizer's: a key
+    in the store already must be row-sparse exactly when its parameter is)."""
     kvstore._check_key_kinds(names)
     held = _GRADIENT_KEYS.get(kvstore, set())
     for name, t in zip(names, tensors, strict=True):
@@ -58,15 +67,34 @@ def check_keys(kvstore: Any, names: list[str], tensors: list[torch.Tensor], what
                     f"key {name!r} is in the store with shape {shape} and dtype {dtype}, but "
                     f"the tensor has shape {tuple(t.shape)} and travels as {wire}"
                 )
+            if sparse is not None and (name in sparse) != (name in kvstore._sparse):
+                held = "row_sparse" if name in kvstore._sparse else "dense"
+                raise ValueError(
+                    f"key {name!r} is in the store as a {held} value, but its parameter "
+                    f"{'is' if name in sparse else 'is not'} in sparse_params: a key's "
+                    "storage is fixed when it is initialised (make the DistributedOptimizer "
+                    "first, or use a new store)"
+                )
 
 
-def init_and_pull(kvstore: Any, names: list[str], tensors: list[torch.Tensor]) -> None:
+def _init_value(name: str, t: torch.Tensor, row_sparse: bool) -> Any:
+    value = store_array(t, name)
+    if not row_sparse:
+        return value
+    rows = np.arange(value.shape[0], dtype=np.int64)  # every row of the table
+    return RowSparseArray(value, rows, tuple(value.shape))
+
+
+def init_and_pull(
+    kvstore: Any, names: list[str], tensors: list[torch.Tensor], sparse: Container[str] = ()
+) -> None:
     """Rank 0's values everywhere: initialise the keys not in the store yet (on
-    a dist store the owner's values win, the others' ``init`` waits for it), then
-    pull every key into its tensor's memory."""
+    a dist store the owner's values win, the others' ``init`` waits for it; the
+    keys of ``sparse`` as row-sparse values), then pull every key into its
+    tensor's memory."""
     new = [(n, t) for n, t in zip(names, tensors, strict=True) if n not in kvstore]
     if new:
-        kvstore.init([n for n, _ in new], [store_array(t, n) for n, t in new])
+        kvstore.init([n for n, _ in new], [_init_value(n, t, n in sparse) for n, t in new])
     pull_into(kvstore, names, tensors)
 
 

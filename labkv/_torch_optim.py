@@ -185,11 +185,14 @@ def server_optimizer(
     kind: str,
     num_workers: int,
     names: Sequence[str] | None = None,
+    lazy_update: bool = True,
 ) -> optimizers.Optimizer:
     """The labkv optimizer that runs ``optimizer``'s step on the servers of a
     ``kind`` store (``'local'``, ``'dist_sync'``...) shared by ``num_workers`` ranks.
     ``names`` are the keys of ``optimizer``'s parameters in its param groups'
-    order (default ``"param.<i>"``); those of frozen parameters get no multiplier."""
+    order (default ``"param.<i>"``); those of frozen parameters get no multiplier.
+    ``lazy_update`` goes to labkv's SGD (row-sparse gradients: only their rows
+    change; ``False``: every row, torch's sparse momentum, see :mod:`labkv._torch_sparse`)."""
     cls = _supported(optimizer)
     _check_other_options(optimizer, cls)
     groups = hyperparameters(optimizer)
@@ -214,8 +217,11 @@ def server_optimizer(
                 f"with weight_decay={wd!r}, labkv's NAG (MXNet 1.9.1's) decays the updated "
                 "weight in its momentum, torch the weight before the step",
             )
-        server: optimizers.Optimizer = (optimizers.NAG if h["nesterov"] else optimizers.SGD)(
-            learning_rate=lr, momentum=momentum, wd=wd, rescale_grad=rescale
+        common = {"learning_rate": lr, "momentum": momentum, "wd": wd, "rescale_grad": rescale}
+        server: optimizers.Optimizer = (
+            optimizers.NAG(**common)  # no lazy update: every row, as torch's sparse Nesterov
+            if h["nesterov"]
+            else optimizers.SGD(lazy_update=lazy_update, **common)
         )
     else:
         if h["amsgrad"]:

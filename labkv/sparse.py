@@ -65,6 +65,25 @@ class RowSparseArray:
         """``'default'``: a dense array on the same device; ``'row_sparse'``: a copy."""
         return cast_storage(self, stype)
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """The dense value, for numpy (host data only, as CuPy refuses an implicit
+        copy): an MXNet updater's ``local += recv`` of a row-sparse ``recv`` adds it.
+
+        >>> w = np.ones((3, 1), np.float32)
+        >>> w += row_sparse_array(([[2.0]], [1]), shape=(3, 1))
+        >>> w.ravel().tolist()
+        [1.0, 3.0, 1.0]
+        """
+        if is_cupy(self._data):
+            raise TypeError(
+                "a RowSparseArray on a GPU is not converted to numpy implicitly: "
+                "use .asnumpy() or .tostype('default')"
+            )
+        if copy is False:
+            raise ValueError("a RowSparseArray's dense value is always a new array")
+        dense = self.tostype("default")
+        return dense if dtype is None else dense.astype(dtype, copy=False)
+
     def asnumpy(self) -> np.ndarray:
         """The dense value as a host numpy array."""
         dense = self.tostype("default")

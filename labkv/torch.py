@@ -8,7 +8,9 @@ travel without a copy where memory allows (numpy views of CPU tensors, CuPy
 views of CUDA ones through DLPack); float16 and bfloat16 travel and are stored
 as float32 (see :mod:`labkv._torch_tensors`). With ``update_on_kvstore=True``
 the servers run labkv's (MXNet's) SGD, NAG or Adam: where their numbers differ
-from torch's, and what is refused, is in :mod:`labkv._torch_optim`.
+from torch's, and what is refused, is in :mod:`labkv._torch_optim`. Sparse gradients
+(``nn.Embedding(sparse=True)``, named with ``sparse_params``) travel as their rows
+(:mod:`labkv._torch_sparse`: which rows are pulled back, and why).
 
 >>> import torch, labkv, labkv.torch as lkt
 >>> _ = torch.manual_seed(0)
@@ -46,6 +48,15 @@ from ._torch_keys import (
     param_names,
 )
 from ._torch_optim import hyperparameters, server_optimizer
+from ._torch_sparse import (
+    SparseParams,
+    check_sparse_options,
+    grad_rows,
+    pull_rows_into,
+    resolve_update_on_kvstore,
+    server_is_lazy,
+    sparse_names,
+)
 from ._torch_state import broadcast_state
 from ._torch_tensors import pull_into, store_array
 from ._types import ASYNC_KINDS, SSP_KINDS, store_kind
@@ -119,6 +130,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
       pushes (``local``, ``device``, ``dist_sync``, ``dist_device_sync``);
       dist_async and dist_ssp apply each push alone and are refused, as MXNet's
       Trainer refuses them.
+    - ``update_on_kvstore=None`` (the default) is ``False``, except with sparse
+      gradients on a dist store, where it is ``True`` (MXNet's Trainer's rule).
     - ``update_on_kvstore=True``: the servers run ``optimizer``'s step (SGD with
       momentum, weight decay or Nesterov, and Adam, translated with the same
       hyper-parameters; see :mod:`labkv._torch_optim` for where the formulas
@@ -141,6 +154,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     With ``backward_passes_per_step=N`` a gradient is pushed after its N-th
     backward pass (torch sums the passes); ``step()`` pushes what is left.
 
+    ``sparse_params`` (a module: its ``nn.Embedding``/``nn.EmbeddingBag`` with
+    ``sparse=True``; or the parameters) makes those parameters' keys row-sparse:
+    each push carries the rows its sparse gradient touched (coalesced, on its
+    device), and ``step()`` pulls those rows back where they are all the rows that
+    changed, else the whole table (:attr:`sparse_pull`; the rules, and what sparse
+    gradients refuse, naming the option: :mod:`labkv._torch_sparse`).
+
     >>> import torch, labkv
     >>> w = torch.nn.Parameter(torch.ones(2))
     >>> opt = DistributedOptimizer(torch.optim.SGD([w], lr=0.5), labkv.create(), update_on_kvstore=True)
@@ -155,9 +175,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         optimizer: torch.optim.Optimizer,
         kvstore: Any,
         named_parameters: Named | None = None,
-        update_on_kvstore: bool = False,
+        update_on_kvstore: bool | None = None,
         compression: dict[str, Any] | None = None,
         backward_passes_per_step: int = 1,
+        sparse_params: SparseParams = None,
     ):
         if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(
             optimizer, DistributedOptimizer
@@ -167,17 +188,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
         kind = store_kind(kvstore.type)
-        update_on_kvstore = bool(update_on_kvstore)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        all_names = param_names(optimizer, named_parameters)
+        trained = [(n, p) for n, p in zip(all_names, params, strict=True) if p.requires_grad]
+        sparse = sparse_names(sparse_params, trained)
+        update_on_kvstore = resolve_update_on_kvstore(update_on_kvstore, kvstore.type, bool(sparse))
         if not update_on_kvstore and kind in ASYNC_KINDS + SSP_KINDS:
             raise ValueError(
                 f"update_on_kvstore=False averages the ranks' gradients through the store, which "
                 f"a {kvstore.type!r} store does not do: it applies each push alone (with no "
                 "optimizer, each push replaces the value); use update_on_kvstore=True"
             )
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        all_names = param_names(optimizer, named_parameters)
+        check_sparse_options(sparse, compression, optimizer, trained)
+        lazy = server_is_lazy(optimizer)  # torch's sparse momentum moves every row it holds
         server = (
-            server_optimizer(optimizer, kind, kvstore.num_workers, all_names)
+            server_optimizer(optimizer, kind, kvstore.num_workers, all_names, lazy_update=lazy)
             if update_on_kvstore
             else None
         )
@@ -188,7 +213,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "the store already runs an optimizer or updater: a DistributedOptimizer needs "
                 "a store of its own (update_on_kvstore=False sums gradients with none)"
             )
-        trained = [(n, p) for n, p in zip(all_names, params, strict=True) if p.requires_grad]
         for name, p in trained:
             if _hooked_by(p) is not None:
                 raise ValueError(
@@ -196,7 +220,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     "call remove_hooks() on that one first"
                 )
         names, tensors = [n for n, _ in trained], [p for _, p in trained]
-        check_keys(kvstore, names, tensors, "a DistributedOptimizer over them")
+        check_keys(kvstore, names, tensors, "a DistributedOptimizer over them", sparse)
         check_unclaimed(kvstore, names)
         # Nothing has changed so far; from here on the store and the parameters do.
         state = {"defaults": optimizer.defaults, "state": optimizer.state}
@@ -207,7 +231,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._hyper = hyperparameters(optimizer) if update_on_kvstore else None
         self._passes: dict[str, int] = {}
         self._pushed: dict[str, torch.Tensor] = {}
-        init_and_pull(kvstore, names, tensors)
+        # Sparse keys: the rows each pushed since the last step, and whether a step
+        # pulls those rows alone (see labkv._torch_sparse) or the whole table.
+        self._sparse, self._rows = sparse, {}
+        self._rows_only = not update_on_kvstore or (kvstore.num_workers == 1 and lazy)
+        init_and_pull(kvstore, names, tensors, sparse)
         if compression is not None:
             kvstore.set_gradient_compression(compression)
         if server is not None:
@@ -228,6 +256,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def update_on_kvstore(self) -> bool:
         """Whether the servers run the optimizer (else the torch optimizer steps on every rank)."""
         return self._update_on_kvstore
+
+    @property
+    def sparse_pull(self) -> dict[str, str]:
+        """Per key of a sparse parameter (``sparse_params``), what a step pulls:
+        ``'rows'`` (``row_sparse_pull`` of the rows this rank pushed) or ``'table'``
+        (the whole table; why: :mod:`labkv._torch_sparse`).
+
+        >>> import torch, labkv
+        >>> emb = torch.nn.Embedding(10, 2, sparse=True)
+        >>> sgd = torch.optim.SGD(emb.parameters(), lr=0.1)
+        >>> DistributedOptimizer(sgd, labkv.create(), sparse_params=emb).sparse_pull
+        {'param.0': 'rows'}
+        """
+        how = "rows" if self._rows_only else "table"
+        return {n: how for n, _ in self._trained if n in self._sparse}
 
     @property
     def names(self) -> list[str]:
@@ -256,7 +299,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._push(name, p)
 
     def _push(self, name: str, p: torch.Tensor) -> None:
-        self._kvstore.push(name, store_array(p.grad, name))
+        if name in self._sparse:
+            value = grad_rows(p.grad, name)  # its rows, coalesced, on the gradient's device
+            self._rows[name] = value.indices
+        elif p.grad.layout != torch.strided:
+            raise TypeError(
+                f"{name!r} has a sparse gradient (nn.Embedding(sparse=True)?) but its key is "
+                "dense: pass sparse_params=model (or the parameter) to the DistributedOptimizer"
+            )
+        else:
+            value = store_array(p.grad, name)
+        self._kvstore.push(name, value)
         self._pushed[name] = p
         if not self._update_on_kvstore:
             mark_gradients(self._kvstore, name)
@@ -288,13 +341,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if p.grad is not None and name not in self._pushed:
                 self._push(name, p)
         pushed = [(n, p) for n, p in self._pushed.items() if p.grad is not None]
+        rows, self._rows = self._rows, {}
         self._pushed, self._passes = {}, {}
-        names = [n for n, _ in pushed]
+        by_rows = [(n, p) for n, p in pushed if n in rows and self._rows_only]
+        whole = [(n, p) for n, p in pushed if not (n in rows and self._rows_only)]
+        names = [n for n, _ in whole]
+        sparse_names, sparse_params = [n for n, _ in by_rows], [p for _, p in by_rows]
+        kv, rows_of = self._kvstore, [rows[n] for n, _ in by_rows]
         if self._update_on_kvstore:
-            pull_into(self._kvstore, names, [p for _, p in pushed])
+            pull_into(kv, names, [p for _, p in whole])
+            pull_rows_into(kv, sparse_names, sparse_params, rows_of, into_grad=False)
         else:
-            divide = self._kvstore.num_workers
-            pull_into(self._kvstore, names, [p.grad for _, p in pushed], divide=divide)
+            divide = kv.num_workers
+            pull_into(kv, names, [p.grad for _, p in whole], divide=divide)
+            pull_rows_into(kv, sparse_names, sparse_params, rows_of, True, divide)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Synchronise (see :meth:`synchronize`), then, with ``update_on_kvstore=False``,
@@ -312,7 +372,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The torch optimizer's ``zero_grad``; gradient accumulation starts again."""
         self._optimizer.zero_grad(set_to_none=set_to_none)
-        self._passes, self._pushed = {}, {}
+        self._passes, self._pushed, self._rows = {}, {}, {}
 
     def remove_hooks(self) -> None:
         """Stop pushing gradients from the backward pass (the parameters' hooks go)

@@ -29,7 +29,7 @@ from .._device import host_view
 from .._placement import ORDER_RULE, Piece
 from .._protocol.messages import Codes, Push, PushHeader, pack_values
 from .._protocol.packing import PACK_BELOW
-from .._rows.rank import row_pieces, rows_of_batch
+from .._rows.rank import kept_rows, row_pieces, rows_of_batch, same_rows
 
 Meta = dict  # key -> (shape, np.dtype)
 Pieces = dict  # key -> [Piece]
@@ -164,8 +164,18 @@ def kept_copy(msg: Push) -> Push:
     return msg._replace(bigs=[np.array(b) for b in msg.bigs])
 
 
-def same_push(kept: list[tuple[Any, list[np.ndarray]]], items: list) -> bool:
-    """Whether ``items`` push exactly the values ``kept`` (keys, order, bits).
+def kept_push(items: list) -> list[tuple[Any, list[Any]]]:
+    """Host copies of a push's values, kept to recognise its retry (:func:`same_push`):
+    a dense value's bits, a row-sparse value's rows and their data
+    (:func:`labkv.cluster._rows.rank.kept_rows`)."""
+    return [
+        (k, [kept_rows(v) if is_row_sparse(v) else host(v).copy() for v in vs]) for k, vs in items
+    ]
+
+
+def same_push(kept: list[tuple[Any, list[Any]]], items: list) -> bool:
+    """Whether ``items`` push exactly the values ``kept`` (keys, order, bits; a
+    row-sparse value: its shape, rows and their bits).
 
     >>> one = np.ones(2, np.float32)
     >>> same_push([("w", [one.copy()])], [("w", [one])]), same_push([("w", [one])], [("w", [one * 2])])
@@ -177,6 +187,10 @@ def same_push(kept: list[tuple[Any, list[np.ndarray]]], items: list) -> bool:
         if len(old) != len(new):
             return False
         for a, b in zip(old, new, strict=True):
+            if is_row_sparse(a) or is_row_sparse(b):
+                if not same_rows(a, b):
+                    return False
+                continue
             b = host(b)
             if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
                 return False
@@ -198,7 +212,8 @@ def fill_outs(items: list, got: dict[tuple[int, Any], Any], meta: Meta, pieces: 
             if type(out) is np.ndarray and out.flags.c_contiguous:
                 flat = out.reshape(-1)  # a view: the slices go straight into out
                 for p in placed:
-                    np.copyto(flat[p.start : p.stop], got[(p.server, key)], casting="unsafe")
+                    piece = np.reshape(got[(p.server, key)], -1)  # a row-sparse key's: rows
+                    np.copyto(flat[p.start : p.stop], piece, casting="unsafe")
                 continue
             if whole is None:
                 whole = join([got[(p.server, key)] for p in placed], *meta[key])

@@ -85,7 +85,7 @@ class DistStore(KVStore):
         self._links, self._on_replica_lost = links, on_replica_lost
         # The values of a waited-for push that timed out: the next push, if it is
         # the same, is its retry, and is not sent again (see _push_impl).
-        self._timed_out: list[tuple[Key, list[np.ndarray]]] | None = None
+        self._timed_out: list[tuple[Key, list[Any]]] | None = None
         # A run's ranks send as "<run's barrier group>/<rank>.<incarnation>/...": a
         # stopped run's servers refuse them, and a lost rank's once it is replaced
         # (see Server.fences); the notebook's store has no prefix.
@@ -306,7 +306,7 @@ class DistStore(KVStore):
         try:
             calls.finish_pushes(sent, wait)
         except CallTimedOut:  # sent: it may still be applied
-            self._timed_out = [(k, [messages.host(v).copy() for v in vs]) for k, vs in items]
+            self._timed_out = messages.kept_push(items)  # dense or row-sparse
             raise
 
     def _pull_impl(self, items: Items) -> None:

@@ -26,7 +26,16 @@ from .._placement import Piece
 from .._protocol.messages import decode_values, values_items
 from .placement import row_ranges
 
-__all__ = ["init_pieces", "new_out", "pull_rows", "requests", "row_pieces", "rows_of_batch"]
+__all__ = [
+    "init_pieces",
+    "kept_rows",
+    "new_out",
+    "pull_rows",
+    "requests",
+    "row_pieces",
+    "rows_of_batch",
+    "same_rows",
+]
 
 
 def new_out(shape: tuple, dtype: Any, sparse: bool) -> Any:
@@ -79,6 +88,37 @@ def row_pieces(
         piece = RowSparseArray(np.array(data[a:b]), rows[a:b] - lo, (hi - lo, *shape[1:]))
         out.append((server, piece))
     return out
+
+
+def kept_rows(value: RowSparseArray) -> RowSparseArray:
+    """A host copy of a row-sparse push value (its rows and their data), kept after
+    the push timed out: the next push, if it is the same (:func:`same_rows`), is its
+    retry and is not sent again (``DistStore._push_impl``)."""
+    return RowSparseArray(np.array(host_view(value.data)), value.indices.copy(), value.shape)
+
+
+def same_rows(kept: Any, value: Any) -> bool:
+    """Whether ``value`` is the row-sparse value ``kept``: both row-sparse, of one
+    shape and dtype, with the same rows holding the same bits.
+
+    >>> g = RowSparseArray(np.ones((1, 2), np.float32), np.array([3]), (5, 2))
+    >>> kept = kept_rows(g)
+    >>> same_rows(kept, g), same_rows(kept, RowSparseArray(g.data, np.array([4]), (5, 2)))
+    (True, False)
+    >>> g.data[0, 0] = 2.0  # changed in place since: a new push
+    >>> same_rows(kept, g), same_rows(kept, g.tostype("default"))
+    (False, False)
+    """
+    if not (is_row_sparse(kept) and is_row_sparse(value)):
+        return False
+    if kept.shape != value.shape or not np.array_equal(kept.indices, value.indices):
+        return False
+    data = host_view(value.data)
+    return (
+        data.dtype == kept.dtype
+        and data.shape == kept.data.shape
+        and np.array_equal(data, kept.data)
+    )
 
 
 def rows_of_batch(batch: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], dict | None]:
