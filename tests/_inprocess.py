@@ -17,7 +17,8 @@ from labkv.cluster._server.actor import Server
 class InProcessCluster:
     """``num_servers`` in-process servers (``replicas`` copies of each) and
     ``num_workers`` ranks on them; ``group`` is the servers' group, ``ranks``
-    the stores, rank 0 first."""
+    the stores, rank 0 first; ``server_device``: where the servers keep their
+    values (``labkv.cluster._device``; a GPU one needs CuPy or its stand-in)."""
 
     def __init__(
         self,
@@ -31,12 +32,13 @@ class InProcessCluster:
         wire=True,
         bigarray_bound=1000,
         replace_hold=0.0,
+        server_device="cpu",
     ):
         sync = kind in SYNC_KINDS
 
         def make(s, host):
             return Server(
-                s, "t", num_workers, sync, timeout, "t-topic", "cpu", staleness, host=host
+                s, "t", num_workers, sync, timeout, "t-topic", server_device, staleness, host=host
             )
 
         if replicas == 1:
@@ -60,6 +62,7 @@ class InProcessCluster:
             replicas=replicas,
             replica_members=[] if replicas == 1 else [list(m) for m in self.group.members],
             replace_hold=replace_hold,
+            server_devices=[sv.device_name for sv in self.group.servers],
         )
         # each rank its own spec, as each Dask task unpickles its own
         self.ranks = [
