@@ -164,7 +164,11 @@ WRONG = {
         "answer1 = (20, 10)  # sync and async swapped",
         "answer1 = 20  # one number, for dist_async only",
     ],
-    "solutions/05_2.py": ["answer2 = [True] * 4  # every pull waits, as in dist_sync"],
+    "solutions/05_2.py": [
+        "answer2 = [True] * 4  # every pull waits, as in dist_sync",
+        "answer2 = [False] * 4  # no pull waits, as in dist_async",
+        "answer2 = [False, True, True, True]  # the bound taken as s - 1",
+    ],
     "solutions/05b_1.py": [
         "answer1 = (20.0, 99.0)  # rank 1's own init taken to count",
         "answer1 = (99.0, 99.0)  # the pull taken to wait for rank 0's push",
