@@ -50,20 +50,36 @@ class Reporting:
             self._report_held_events()
             return
         for k, values in items:
-            if isinstance(values[0], RowSparseArray):  # the bytes of the rows moved
+            if isinstance(values[0], RowSparseArray):  # the bytes and rows moved
                 moved = sum(v.nbytes for v in values)
-                admitted = events.admit("push", k, moved, rank, units=len(values))
-            else:
-                nbytes = sizes.get(k) or self._nbytes(k)
-                admitted = events.count("push", k, nbytes, len(values), rank)
+                rows = sum(len(v.indices) for v in values)
+                counted = events.admit_rows("push", k, moved, rows, rank, len(values))
+                if counted:
+                    self._emit_push(k, values, *counted[:2], start, rows=counted[2])
+                continue
+            nbytes = sizes.get(k) or self._nbytes(k)
+            admitted = events.count("push", k, nbytes, len(values), rank)
             if admitted:
                 self._emit_push(k, values, *admitted, start)
         self._report_held_events()
 
-    def _report_pull(self, items: Items, start: float, moved: list[int] | None = None) -> None:
+    def _report_pull(
+        self,
+        items: Items,
+        start: float,
+        moved: list[int] | None = None,
+        rows: list[int] | None = None,
+    ) -> None:
         """Report the pulls of ``items``; ``moved``: per key, the bytes moved, where
-        that is not one whole value per out (a ``row_sparse_pull``)."""
+        that is not one whole value per out (a ``row_sparse_pull``), and ``rows``
+        the rows it moved."""
         events, rank, sizes = self.events, self.rank, self._sizes
+        if rows is not None and moved is not None:
+            for (k, outs), nbytes, n in zip(items, moved, rows, strict=True):
+                counted = events.admit_rows("pull", k, nbytes, n, rank, len(outs))
+                if counted:
+                    self._emit_pull(k, outs, *counted[:2], start, rows=counted[2])
+            return
         if moved is None and len(items) > 1:  # many keys: see _report_push
             keys = [k for k, _ in items]
             nbytes = [(sizes.get(k) or self._nbytes(k)) * len(outs) for k, outs in items]
@@ -79,7 +95,20 @@ class Reporting:
             if admitted:
                 self._emit_pull(k, outs, *admitted, start)
 
-    def _emit_pull(self, key: Key, outs: list[Any], count: int, nbytes: int, start: float) -> None:
+    def _emit_pull(
+        self,
+        key: Key,
+        outs: list[Any],
+        count: int,
+        nbytes: int,
+        start: float,
+        rows: int | None = None,
+    ) -> None:
+        extra: dict[str, Any] = {"start": start}
+        shape = {}
+        if rows is not None:  # a row_sparse_pull: outs[0] holds the rows, not the value
+            extra["rows"] = rows  # the rows moved (and those of the calls it stands for)
+            shape = {"shape": self._meta[key][0]}
         self.events.emit(
             "pull",
             key,
@@ -88,7 +117,8 @@ class Reporting:
             devices=tuple(str(device_of(o)) for o in outs),
             count=count,
             nbytes=nbytes,
-            extra={"start": start},
+            extra=extra,
+            **shape,
         )
 
     def _nbytes(self, key: Key) -> int:
@@ -100,7 +130,13 @@ class Reporting:
         return nbytes
 
     def _emit_push(
-        self, key: Key, values: list[Any], count: int, nbytes: int, start: float = 0.0
+        self,
+        key: Key,
+        values: list[Any],
+        count: int,
+        nbytes: int,
+        start: float = 0.0,
+        rows: int | None = None,
     ) -> None:
         per_device = [summarize(v) for v in values]
         if len(values) == 1:
@@ -118,7 +154,8 @@ class Reporting:
             nbytes=nbytes,
             count=count,
             summary=total,
-            extra={"per_device": per_device, "start": start},
+            extra={"per_device": per_device, "start": start}
+            | ({} if rows is None else {"rows": rows}),
         )
 
     # -- what backends implement ---------------------------------------------------

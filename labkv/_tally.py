@@ -83,13 +83,17 @@ class _Slot:
         "credit",
         "quick",
         "unit_bytes",
+        "rows",
+        "reported_rows",
     )
 
-    def __init__(self, now: float, nbytes: int, reported: bool = True):
+    def __init__(self, now: float, nbytes: int, reported: bool = True, rows: int = 0):
         #: calls and bytes counted here (inline counts are folded in later)
         self.calls, self.nbytes = 1, nbytes
         #: calls and bytes already reported in events
         self.reported, self.reported_bytes = (1, nbytes) if reported else (0, 0)
+        #: rows of row-sparse values counted here, and those already reported
+        self.rows, self.reported_rows = rows, rows if reported else 0
         #: the detail window's start, detailed events used in it, calls before it
         self.window, self.used, self.window_calls = now, 1, 0
         #: credits left for calls through admit()
@@ -98,14 +102,16 @@ class _Slot:
         #: another thread reads both at once; the bytes of one such call
         self.quick, self.unit_bytes = _NO_QUICK, nbytes
 
-    def report(self, nbytes: int) -> tuple[int, int]:
-        """Count one call of ``nbytes`` and report it with the calls only counted
-        since the last report: ``(count, nbytes)`` (under the lock)."""
+    def report(self, nbytes: int, rows: int = 0) -> tuple[int, int, int]:
+        """Count one call of ``nbytes`` (and ``rows``) and report it with the calls
+        only counted since the last report: ``(count, nbytes, rows)`` (under the lock)."""
         self.calls += 1
         self.nbytes += nbytes
+        self.rows += rows
         count, total = self.calls - self.reported, self.nbytes - self.reported_bytes
-        self.reported, self.reported_bytes = self.calls, self.nbytes
-        return count, total
+        moved = self.rows - self.reported_rows
+        self.reported, self.reported_bytes, self.reported_rows = self.calls, self.nbytes, self.rows
+        return count, total, moved
 
 
 class Tallies:
@@ -157,6 +163,30 @@ class Tallies:
     ) -> tuple[int, int] | None:
         """``(count, nbytes)`` of the calls a detailed event of this call stands
         for, or ``None`` when the call was only counted."""
+        admitted = self.admit_rows(op, key, nbytes, 0, rank, server, units)
+        return None if admitted is None else admitted[:2]
+
+    def admit_rows(
+        self,
+        op: str,
+        key: Any,
+        nbytes: int,
+        rows: int,
+        rank: int = 0,
+        server: int | None = None,
+        units: int = 1,
+    ) -> tuple[int, int, int] | None:
+        """:meth:`admit` for a call that moved ``rows`` rows of a row-sparse value:
+        ``(count, nbytes, rows)`` of the calls its detailed event stands for. The
+        rows of calls only counted are summed as their bytes are.
+
+        >>> t = Tallies()
+        >>> t.configure(interval=60.0, burst=1)
+        >>> [t.admit_rows("pull", "e", 80, 10) for _ in range(3)]
+        [(1, 80, 10), None, None]
+        >>> t.due_groups()
+        {('pull', 0, None): {'e': [2, 160, 0, 20]}}
+        """
         interval = self.interval
         if server is not None and interval and self.used_up(op):
             # A server's receipt, with no detail left: due() counts it, nothing else
@@ -167,13 +197,15 @@ class Tallies:
         slot = self._slots.get(sid)
         if not interval:
             # Every call is an event; calls counted under earlier settings ride on it.
-            return (1, nbytes) if slot is None else self._with_backlog(op, key, slot, nbytes)
+            if slot is None:
+                return 1, nbytes, rows
+            return self._with_backlog(op, key, slot, nbytes, rows)
         if slot is not None:
             if slot.quick[1]:
                 self._fold_quick(op, key, slot)
             if slot.credit > 0:  # > 0: configure() may zero it between check and use
                 slot.credit -= 1
-                return self._counted(sid, slot, nbytes)
+                return self._counted(sid, slot, nbytes, rows)
         now = time.monotonic()
         elapsed = now - slot.window if slot is not None else interval
         if elapsed < interval and slot.used >= self.burst:
@@ -181,7 +213,8 @@ class Tallies:
             since_first = slot.calls + 1 - slot.window_calls - 1
             rate_fill = since_first * (interval - elapsed) / max(elapsed, 1e-6)
             grant = min(max(int(rate_fill), CREDITS_MIN), CREDITS_MAX)
-            if units == 1 and server is None and op in self.credits:
+            # rows vary from call to call: only calls of one dense array count inline
+            if units == 1 and server is None and not rows and op in self.credits:
                 credits = itertools.repeat(True, grant)
                 slot.unit_bytes = nbytes
                 slot.quick = (credits, grant)
@@ -189,7 +222,7 @@ class Tallies:
                 self.credits[op][key] = credits
             else:
                 slot.credit = grant
-            return self._counted(sid, slot, nbytes)
+            return self._counted(sid, slot, nbytes, rows)
         budget = self._budget.get(op)
         if budget is None or now - budget[0] >= interval:
             budget = self._budget[op] = [now, 0]
@@ -198,21 +231,21 @@ class Tallies:
             # The op's detail is used up: only counted, and so are the slot's next
             # few calls, without reading the clock.
             slot.credit = CREDITS_MIN
-            return self._counted(sid, slot, nbytes)
+            return self._counted(sid, slot, nbytes, rows)
         budget[1] += 1
         with self._lock:
             if slot is None:
-                self._slots[sid] = _Slot(now, nbytes, not spent)
+                self._slots[sid] = _Slot(now, nbytes, not spent, rows)
                 if server is None and op in self.credits:
                     self.credits[op][key] = SPENT  # found by the inline spend from now on
                 if spent:
                     self._touched[sid] = None
                     return None
-                return 1, nbytes
+                return 1, nbytes, rows
             if now - slot.window >= interval:
                 slot.window, slot.used, slot.window_calls = now, 0, slot.calls
             slot.used += 1
-            return slot.report(nbytes)
+            return slot.report(nbytes, rows)
 
     def admit_keys(
         self, op: str, keys: Sequence[Any], nbytes: Sequence[int], rank: int = 0
@@ -259,11 +292,12 @@ class Tallies:
         was used up: :meth:`used_up`), reported by the next :meth:`due`."""
         self._bulk.append((op, 0, server, keys, nbytes))
 
-    def _counted(self, sid: SlotId, slot: _Slot, nbytes: int) -> None:
+    def _counted(self, sid: SlotId, slot: _Slot, nbytes: int, rows: int = 0) -> None:
         """Count one call only; due() looks at the slot next time (marked after
         the count: see due())."""
         slot.calls += 1
         slot.nbytes += nbytes
+        slot.rows += rows
         self._touched[sid] = None
 
     def _fold_quick(self, op: str, key: Any, slot: _Slot) -> None:
@@ -276,12 +310,14 @@ class Tallies:
         slot.calls += spent
         slot.nbytes += spent * slot.unit_bytes
 
-    def _with_backlog(self, op: str, key: Any, slot: _Slot, nbytes: int) -> tuple[int, int]:
-        """This call's ``(count, nbytes)`` plus those of the calls only counted so far."""
+    def _with_backlog(
+        self, op: str, key: Any, slot: _Slot, nbytes: int, rows: int
+    ) -> tuple[int, int, int]:
+        """This call's ``(count, nbytes, rows)`` plus those of the calls only counted so far."""
         if slot.quick[1]:
             self._fold_quick(op, key, slot)
         with self._lock:
-            return slot.report(nbytes)
+            return slot.report(nbytes, rows)
 
     def due(self) -> list[tuple[SlotId, int, int]]:
         """``(slot id, count, nbytes)`` of every slot with calls counted since its
@@ -295,7 +331,8 @@ class Tallies:
     def due_groups(self) -> dict[tuple[str, int, Any], dict[Any, list[int]]]:
         """What :meth:`due` returns, grouped as a flush sends it: per ``(op, rank,
         server)`` (a server's from every rank together, as rank 0), per key
-        ``[count, nbytes, rank]``.
+        ``[count, nbytes, rank, rows]`` (``rows``: of row-sparse values, see
+        :meth:`admit_rows`).
 
         Only the slots counted in since the last call are looked at (``_touched``)
         and those whose credits are spent inline (``_granted``): a rank of a
@@ -305,14 +342,17 @@ class Tallies:
         """
         groups: dict[tuple[str, int, Any], dict[Any, list[int]]] = {}
 
-        def add(op: str, key: Any, rank: int, server: Any, calls: int, nbytes: int) -> None:
+        def add(
+            op: str, key: Any, rank: int, server: Any, calls: int, nbytes: int, rows: int
+        ) -> None:
             group = groups.setdefault((op, 0 if server is not None else rank, server), {})
             counted = group.get(key)
             if counted is None:
-                group[key] = [calls, nbytes, rank]
+                group[key] = [calls, nbytes, rank, rows]
             else:
                 counted[0] += calls
                 counted[1] += nbytes
+                counted[3] += rows
 
         with self._lock:
             bulk = self._bulk
@@ -322,7 +362,7 @@ class Tallies:
                 for key, n in zip(keys, nbytes):
                     counted = group.get(key)
                     if counted is None:
-                        group[key] = [1, n, rank]
+                        group[key] = [1, n, rank, 0]
                     else:
                         counted[0] += 1
                         counted[1] += n
@@ -340,6 +380,8 @@ class Tallies:
                 spent = _spent(quick)
                 calls, nbytes = calls + spent, nbytes + spent * slot.unit_bytes
                 if calls > slot.reported:
-                    add(*k, calls - slot.reported, nbytes - slot.reported_bytes)
-                    slot.reported, slot.reported_bytes = calls, nbytes
+                    rows = slot.rows
+                    moved = rows - slot.reported_rows
+                    add(*k, calls - slot.reported, nbytes - slot.reported_bytes, moved)
+                    slot.reported, slot.reported_bytes, slot.reported_rows = calls, nbytes, rows
         return groups

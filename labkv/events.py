@@ -386,6 +386,24 @@ class EventBus:
         """
         return self._tallies.admit(op, key, nbytes, rank, server, units)
 
+    def admit_rows(
+        self, op: str, key: Key | None, nbytes: int, rows: int, rank: int = 0, units: int = 1
+    ) -> tuple[int, int, int] | None:
+        """:meth:`admit` for a call that moved ``rows`` rows of a row-sparse value
+        (a push of row-sparse gradients, a ``row_sparse_pull``): ``(count, nbytes,
+        rows)`` of the calls its detailed event stands for (its ``extra["rows"]``);
+        the calls only counted sum their rows as their bytes, and :meth:`flush`
+        delivers them (``extra["rows"]``).
+
+        >>> bus = EventBus("s"); got = []
+        >>> _ = bus.subscribe(got.append, detail_interval=60)
+        >>> [bus.admit_rows("pull", "e", 80, 10) for _ in range(3)]
+        [(1, 80, 10), None, None]
+        >>> bus.flush(), got[-1].count, got[-1].extra["rows"]
+        (1, 2, 20)
+        """
+        return self._tallies.admit_rows(op, key, nbytes, rows, rank, None, units)
+
     def flush(self) -> int:
         """Deliver the calls counted since their last detailed event, as one
         ``count``-carrying event per op and key (:attr:`Event.tally` True, and
@@ -417,9 +435,10 @@ class EventBus:
         made = 0
         for (op, rank, server), counted in groups.items():
             if len(counted) <= COMPACT_AT:
-                for key, (count, nbytes, by) in counted.items():
+                for key, (count, nbytes, by, rows) in counted.items():
                     summary = summary_of(key, server)
-                    self._deliver_tally(op, key, by, server, count, nbytes, summary, None)
+                    moved = {"rows": rows} if rows else None
+                    self._deliver_tally(op, key, by, server, count, nbytes, summary, moved)
                     made += 1
                 continue
             keys = list(counted)
@@ -428,6 +447,9 @@ class EventBus:
                 "counts": [counted[k][0] for k in keys],
                 "nbytes": [counted[k][1] for k in keys],
             }
+            rows = [counted[k][3] for k in keys]
+            if any(rows):  # rows of row-sparse values, summed as the bytes are
+                extra["rows"] = rows
             if read is not None and server is None:
                 values = [summary_of(k, server) for k in keys]
                 if any(v is not None for v in values):  # a store that reads its values
@@ -488,6 +510,11 @@ class EventBus:
                 fields["devices"] = (str(device_of(value)),)
             if "summary" not in fields:
                 fields["summary"] = summarize(value)
+            if getattr(value, "stype", "default") == "row_sparse":
+                # a view tells row-sparse keys by this, and the rows a call moved
+                extra = fields["extra"] = dict(fields.get("extra") or ())
+                extra.setdefault("stype", "row_sparse")
+                extra.setdefault("rows", len(value.indices))
         event = Event(next(self._seq), time.time(), self.store_id, op, key, **fields)
         self.deliver(event)
         return event

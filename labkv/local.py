@@ -100,7 +100,7 @@ class LocalStore(KVStore):
         if self.events.active:
             moved = [int(b.nbytes) + int(rows.nbytes) for b, (_, rows) in zip(blocks, items)]
             pulled = [(k, [b]) for (k, _), b in zip(items, blocks, strict=True)]
-            self._report_pull(pulled, start, moved)
+            self._report_pull(pulled, start, moved, [len(rows) for _, rows in items])
         return blocks
 
     def _new_out(self, key: Key) -> Any:

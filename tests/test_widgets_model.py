@@ -10,20 +10,13 @@ import pytest
 import labkv
 from labkv.events import Event, EventBus
 from labkv.widgets import MonitorModel, monitor
-from labkv.widgets._clocks import clocks_grid
-from labkv.widgets._fanin import fanin_grid, fanin_note
+from labkv.widgets._clocks import clocks_grid, clocks_table
+from labkv.widgets._eventlog import EventRows, log_row, log_table
+from labkv.widgets._fanin import fanin_grid, fanin_note, fanin_table
+from labkv.widgets._format import fmt_time
 from labkv.widgets._html import table_html
-from labkv.widgets._tables import (
-    EventRows,
-    clocks_table,
-    fanin_table,
-    fmt_time,
-    keys_table,
-    log_row,
-    log_table,
-    servers_table,
-    trace_table,
-)
+from labkv.widgets._tables import keys_table, servers_table
+from labkv.widgets._tracetable import trace_table
 
 SHAPE = (2, 3)
 HOSTILE = "<img src=x onerror=alert(1)>"

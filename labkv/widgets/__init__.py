@@ -29,6 +29,6 @@ def monitor(kv: Any, **options: Any) -> Monitor:
     """A :class:`Monitor` watching ``kv`` (any labkv store); display it in a
     cell for the live dashboard, ``mon.show("fan-in")`` (see :meth:`Monitor.show`)
     for one part of it where it matters, or ``print`` it for text. ``options`` go to
-    :class:`Monitor` (``hz``, ``rows``, ``log_size``, ``trace_size``, ``timeline_size``,
+    :class:`Monitor` (``hz``, ``rows``, ``log_size``, ``trace_size``, ``timeline_size``, ``timeline_s``,
     ``refresh_cpu``, ``hidden_tabs_s``)."""
     return Monitor(kv, **options)

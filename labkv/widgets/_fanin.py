@@ -18,12 +18,23 @@ view that changes while a round just waits.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from typing import Any
 
+from ._format import fmt_key, fmt_time
+from ._grid import fold_ranks, page_of, pages
 from ._model import MonitorModel
-from ._tables import fanin_row
 
-__all__ = ["fanin_grid", "fanin_note", "held_up", "missing_ranks"]
+__all__ = [
+    "fanin_grid",
+    "fanin_note",
+    "fanin_row",
+    "fanin_table",
+    "held_up",
+    "missing_ranks",
+    "waiting_first",
+]
 
 #: ranks named in the line, most keys first (the rest are counted)
 NAMED = 4
@@ -82,14 +93,87 @@ def held_up(model: MonitorModel) -> str:
     return f"{waiting} key{'s' if waiting != 1 else ''} wait for {who}"
 
 
+def fanin_table(model: MonitorModel) -> tuple[list[str], list[list[str]]]:
+    """Keys x ranks of each key's current ``dist_sync`` round, every key and rank
+    (what ``print(mon)`` prints): ``pushed``/``MISSING``. ``waited`` is what a
+    finished round took, or when a waiting one began: the grid changes with the
+    rounds, not with the clock (:func:`fanin_note` says how long)."""
+    with model.lock:
+        rounds = [(key, fan.current()) for key, fan in model.fanin.items()]
+    headers, rows, _ = _grid(rounds, math.inf)
+    return headers, rows
+
+
+def fanin_row(key: Any, r: dict[str, Any], ranks: Any) -> list[str]:
+    """One key's row of the fan-in grid: key, round, waited, state, and the cell
+    of each of ``ranks``. ``waited`` is what a finished round took, or when a
+    waiting one began."""
+    if r["complete"]:
+        waited = f"{r['waited_s']:.1f} s"
+    else:
+        waited = f"since {fmt_time(r['time'] - r['waited_s'])}"
+    cells = []
+    for rank in ranks:
+        if rank in r["pushed"] or r["complete"]:
+            cells.append("pushed")
+        elif rank in r["missing"]:
+            cells.append("MISSING")
+        else:
+            cells.append("-")
+    state = "complete" if r["complete"] else f"waiting for {len(r['missing'])}"
+    return [fmt_key(key), str(r["round"]), waited, state, *cells]
+
+
+def _others(r: dict[str, Any], others: list[int]) -> str:
+    """The ``other ranks`` cell of a folded grid: how many of them pushed."""
+    done = others if r["complete"] else [k for k in others if k in r["pushed"]]
+    if len(done) == len(others):
+        return f"{len(done)} pushed"
+    return f"{len(done)} of {len(others)} pushed"
+
+
+def _grid(
+    rounds: list[tuple[Any, dict[str, Any]]], max_ranks: float
+) -> tuple[list[str], list[list[str]], bool]:
+    workers = max((r["num_workers"] for _, r in rounds), default=0)
+    return fold_ranks(
+        ["key", "round", "waited", "state"],
+        rounds,
+        workers,
+        max_ranks,
+        wanted=lambda shown: set().union(*(r["missing"] for _, r in shown)),
+        cells=lambda item, ranks: fanin_row(item[0], item[1], ranks),
+        rest=lambda item, others: _others(item[1], others),
+    )
+
+
+def waiting_first(model: MonitorModel) -> tuple[list[tuple[Any, dict[str, Any]]], int]:
+    """``(rounds, waiting)``: every key's current round (``FanIn.current``), the
+    waiting ones first, the oldest first, then the others as they came; and how
+    many wait."""
+    with model.lock:
+        rounds = [(key, fan.current()) for key, fan in model.fanin.items()]
+    waiting = sum(1 for _, r in rounds if not r["complete"])
+    order = sorted(
+        range(len(rounds)),
+        key=lambda i: (
+            (False, rounds[i][1]["time"] - rounds[i][1]["waited_s"])
+            if not rounds[i][1]["complete"]
+            else (True, i)
+        ),
+    )
+    return [rounds[i] for i in order], waiting
+
+
 def fanin_grid(
-    model: MonitorModel, rows: int = GRID_ROWS, max_ranks: int = GRID_RANKS
+    model: MonitorModel, rows: int = GRID_ROWS, max_ranks: int = GRID_RANKS, page: int = 0
 ) -> tuple[list[str], list[list[str]], str]:
     """The fan-in grid the dashboard draws: ``(headers, rows, caption)``. The
-    keys waiting longest first, at most ``rows`` of them; past ``max_ranks``
-    ranks only the columns of ranks missing from a key shown, the others counted
-    in one column (a 500 x 64 grid was 34,000 cells and 1.16 MB of HTML, rank 17
-    off-screen). ``caption`` says what was left out.
+    keys waiting longest first, ``rows`` of them a page (``page`` 0 first, kept
+    within the pages there are); past ``max_ranks`` ranks only the columns of
+    ranks missing from a key shown, the others counted in one column (a 500 x 64
+    grid was 34,000 cells and 1.16 MB of HTML, rank 17 off-screen). ``caption``
+    says what was left out.
 
     >>> from labkv.events import Event
     >>> m = MonitorModel()
@@ -104,45 +188,22 @@ def fanin_grid(
     (['rank 17', 'other ranks'], '0', ['MISSING', '63 pushed'], 20)
     >>> caption
     '20 of 30 keys shown, the 10 waiting first; ranks that pushed every key shown: in one column'
+    >>> headers, rows, caption = fanin_grid(m, page=1)
+    >>> [row[0] for row in rows], caption.split(";")[0]
+    (['16', '17', '19', '20', '22', '23', '25', '26', '28', '29'], 'keys 21-30 of 30 shown (page 2 of 2), the 10 waiting first')
     """
-    with model.lock:
-        rounds = [(key, fan.current()) for key, fan in model.fanin.items()]
-    waiting = sum(1 for _, r in rounds if not r["complete"])
-    # waiting first, the oldest first; then the others, as they came
-    order = sorted(
-        range(len(rounds)),
-        key=lambda i: (
-            (rounds[i][1]["complete"], rounds[i][1]["time"] - rounds[i][1]["waited_s"])
-            if not rounds[i][1]["complete"]
-            else (True, i)
-        ),
-    )
-    shown = [rounds[i] for i in order[:rows]]
-    workers = max((r["num_workers"] for _, r in rounds), default=0)
-    folded = workers > max_ranks
-    if folded:
-        columns = sorted(set().union(*(r["missing"] for _, r in shown)))
-    else:
-        columns = list(range(workers))
-    headers = ["key", "round", "waited", "state"] + [f"rank {i}" for i in columns]
-    if folded:
-        headers.append("other ranks")
-    table = []
-    for key, r in shown:
-        row = fanin_row(key, r, columns)
-        if folded:
-            listed = set(columns)
-            others = [rank for rank in range(workers) if rank not in listed]
-            done = others if r["complete"] else [k for k in others if k in r["pushed"]]
-            row.append(
-                f"{len(done)} pushed"
-                if len(done) == len(others)
-                else f"{len(done)} of {len(others)} pushed"
-            )
-        table.append(row)
+    rounds, waiting = waiting_first(model)
+    page, start, stop = page_of(len(rounds), rows, page)
+    shown = rounds[start:stop]
+    headers, table, folded = _grid(shown, max_ranks)
     notes = []
-    if len(rounds) > len(shown):
+    if len(rounds) > len(shown) and page == 0:
         notes.append(f"{len(shown)} of {len(rounds)} keys shown, the {waiting} waiting first")
+    elif len(rounds) > len(shown) or page:
+        of = f"(page {page + 1} of {pages(len(rounds), rows)})"
+        notes.append(
+            f"keys {start + 1}-{stop} of {len(rounds)} shown {of}, the {waiting} waiting first"
+        )
     if folded:
         notes.append("ranks that pushed every key shown: in one column")
     return headers, table, "; ".join(notes)

@@ -39,8 +39,9 @@ __all__ = ["FanIn", "KeyClocks", "KeyStats", "MonitorModel", "ServerLoad"]
 class MonitorModel:
     """Counters, rings and tables over a stream of :class:`~labkv.events.Event`.
 
-    Everything is bounded: the event log, the updater trace and the
-    timeline (what :meth:`Monitor.export_trace` writes) are rings,
+    Everything is bounded: the event log and the updater trace are rings, the
+    timeline (what :meth:`Monitor.export_trace` writes) holds the last
+    ``timeline_s`` seconds of events (by their time), at most ``timeline_size``,
     the per-server history is a ring, at most ``max_keys`` keys are tracked
     (``dropped_keys`` counts the rest), and at most ``max_pending`` events
     wait for a flush before the callback folds them itself.
@@ -54,6 +55,7 @@ class MonitorModel:
         max_keys: int = 10_000,
         max_pending: int = 10_000,
         timeline_size: int = 20_000,
+        timeline_s: float = 10.0,
     ):
         self.lock = threading.RLock()
         self._pending: deque[Event] = deque()
@@ -63,8 +65,10 @@ class MonitorModel:
         self._history = history
         self.log: deque[Event] = deque(maxlen=log_size)
         self.trace: deque[Event] = deque(maxlen=trace_size)
-        #: every event folded but server load reports: what a trace export holds
+        #: every event folded but server load reports, of the last ``timeline_s``
+        #: seconds (``timeline_size`` at most, a bound on memory): what a trace export holds
         self.timeline: deque[Event] = deque(maxlen=timeline_size)
+        self.timeline_s = float(timeline_s)
         self.reset()
 
     def reset(self) -> None:
@@ -141,11 +145,15 @@ class MonitorModel:
         count = e.count
         self.counts[op] += count
         self.events_seen += count
-        self.last_time = max(self.last_time, e.time)
+        if e.time > self.last_time:
+            self.last_time = e.time
         if op == "load":
-            self._fold_load(e)
+            self._server(e.server).fold_report(e)
             return
-        self.timeline.append(e)
+        timeline = self.timeline
+        timeline.append(e)
+        if timeline[0].time < self.last_time - self.timeline_s:
+            self._trim_timeline()
         tally = e.tally  # counted calls only: no detail to show
         if not tally:
             self.log.append(e)
@@ -159,17 +167,20 @@ class MonitorModel:
                 if key is None:
                     continue
                 fan = self.fanin.get(key) or self.fanin.setdefault(key, FanIn(key))
-                fan.per_server[e.server] = (e.time, extra)
+                fan.report(e.server, e.time, extra)
                 if extra.get("complete") and key in self.keys:
                     self.changed.add(key)  # the round's update is applied
                     self.server_changed.add(key)
             return
         if e.server is not None and op in ("push", "pull"):
-            self._fold_traffic(e)
+            self._server(e.server).fold_traffic(e)
             if not e.first_piece:
                 return  # another slice of a push counted on the server holding slice 0
         elif op == "push" and e.store.startswith("dist"):
-            return  # a rank's own view of a push its servers report
+            # a rank's own view of a push its servers report: only its rows count here
+            if "rows" in e.extra:
+                self._fold_rows(e)
+            return
         if e.key is None:
             if tally and "keys" in e.extra:
                 self._fold_record(e)
@@ -179,12 +190,17 @@ class MonitorModel:
             return
         if e.shape and e.server is None:  # a server's event may be of one slice
             stats.shape, stats.dtype = e.shape, e.dtype or stats.dtype
+        if "stype" in e.extra:  # an event of a row-sparse value
+            stats.sparse = True
+        # rows from the calls' own events: a server's receipt of a slice repeats them
+        rows = e.extra.get("rows", 0) if e.server is None else 0
         if tally:
-            self._fold_tally(stats, op, e.count, e.nbytes, e.summary, e.time)
+            self._fold_tally(stats, op, e.count, e.nbytes, e.summary, e.time, rows)
             return
         if op == "push":
             stats.pushes += count
             stats.bytes_in += e.nbytes
+            stats.rows_in += rows
             # With no updater the stored value is the pushed sum; with one, the
             # update event (emitted before the push event) already set it.
             if e.server is None and not stats.has_updater and e.summary is not None:
@@ -192,6 +208,7 @@ class MonitorModel:
         elif op == "pull":
             stats.pulls += count
             stats.bytes_out += e.nbytes
+            stats.rows_out += rows
             if e.summary is not None and e.server is None and not stats.on_servers:
                 stats.value = e.summary
         elif op == "init":
@@ -207,6 +224,36 @@ class MonitorModel:
         if op in CHANGING_OPS:
             stats.last_op, stats.last_change = op, e.time
             self.changed.add(e.key)
+
+    def _trim_timeline(self) -> None:
+        """Forget the timeline's events older than ``timeline_s`` before the newest
+        (in arrival order: an event that came late may stay a little longer)."""
+        timeline, since = self.timeline, self.last_time - self.timeline_s
+        while timeline and timeline[0].time < since:
+            timeline.popleft()
+
+    def held_s(self) -> float:
+        """The seconds of events the timeline can show: ``timeline_s``, or less
+        once ``timeline_size`` events cut it short.
+
+        >>> model = MonitorModel(timeline_size=3, timeline_s=60.0)
+        >>> for t in range(5):
+        ...     model.on_event(Event(t, float(t), "s", "push", "w"))
+        >>> _ = model.flush()
+        >>> model.held_s(), [e.time for e in model.timeline]
+        (2.0, [2.0, 3.0, 4.0])
+        >>> model = MonitorModel(timeline_s=2.5)
+        >>> for t in range(5):
+        ...     model.on_event(Event(t, float(t), "s", "push", "w"))
+        >>> _ = model.flush()
+        >>> model.held_s(), [e.time for e in model.timeline]
+        (2.5, [2.0, 3.0, 4.0])
+        """
+        with self.lock:
+            ring = self.timeline
+            if ring and len(ring) == ring.maxlen:
+                return min(self.timeline_s, ring[-1].time - ring[0].time)
+            return self.timeline_s
 
     def _stats(self, key: Key, server: Any, op: str) -> KeyStats | None:
         """The stats of ``key`` (new ones while fewer than ``max_keys`` are
@@ -233,22 +280,25 @@ class MonitorModel:
         keys, changing = self.keys, op in CHANGING_OPS
         on_servers = server is not None and changing
         plain = op in ("push", "pull") and not x.get("summaries")
+        rows = x.get("rows") or itertools.repeat(0)
         folded: list[Key] = []  # the keys a changing op folded here
-        for i, (key, count, nbytes, summary) in enumerate(compact_rows(e)):
+        for i, ((key, count, nbytes, summary), moved) in enumerate(zip(compact_rows(e), rows)):
             if first is not None and not first[i]:
                 continue
             stats = keys.get(key) if plain else None
             if stats is None:
                 stats = self._stats(key, server, op)
                 if stats is not None:
-                    self._fold_tally(stats, op, count, nbytes, summary, when)
+                    self._fold_tally(stats, op, count, nbytes, summary, when, moved)
                 continue
             if op == "pull":
                 stats.pulls += count
                 stats.bytes_out += nbytes
+                stats.rows_out += moved
                 continue
             stats.pushes += count
             stats.bytes_in += nbytes
+            stats.rows_in += moved
             stats.last_op, stats.last_change = op, when
             folded.append(key)
             if on_servers:
@@ -265,14 +315,17 @@ class MonitorModel:
         nbytes: int,
         summary: Summary | None,
         when: float,
+        rows: int = 0,
     ) -> None:
-        """Calls the bus only counted: counts and bytes, no values."""
+        """Calls the bus only counted: counts, bytes and rows, no values."""
         if op == "push":
             stats.pushes += count
             stats.bytes_in += nbytes
+            stats.rows_in += rows
         elif op == "pull":
             stats.pulls += count
             stats.bytes_out += nbytes
+            stats.rows_out += rows
         elif op in UPDATER_OPS:
             stats.updates += count
         if summary is not None and not stats.on_servers:
@@ -281,37 +334,25 @@ class MonitorModel:
             stats.last_op, stats.last_change = op, when
             self.changed.add(stats.key)
 
+    def _fold_rows(self, e: Event) -> None:
+        """The rows of a dist rank's pushes (its servers' receipts count the calls)."""
+        moved = e.extra["rows"]
+        if e.key is not None:
+            stats = self.keys.get(e.key)
+            if stats is not None:
+                stats.rows_in += moved
+                stats.sparse = stats.sparse or "stype" in e.extra
+            return
+        for key, rows in zip(e.extra["keys"], moved):
+            stats = self.keys.get(key)
+            if stats is not None:
+                stats.rows_in += rows
+
     def _server(self, server: Any) -> ServerLoad:
         load = self.servers.get(server)
         if load is None:
             load = self.servers[server] = ServerLoad(server, history=deque(maxlen=self._history))
         return load
-
-    def _fold_load(self, e: Event) -> None:
-        load = self._server(e.server)
-        x = e.extra
-        load.reported = True
-        load.bytes_in = int(x.get("bytes_in", load.bytes_in))
-        load.bytes_out = int(x.get("bytes_out", load.bytes_out))
-        load.keys = x.get("keys", load.keys)
-        load.bytes_held = x.get("bytes_held", load.bytes_held)
-        load.device = str(x.get("device", load.device))
-        load.replicas = tuple(x.get("replicas", load.replicas))
-        load.history.append((e.time, load.bytes_in, load.bytes_out))
-
-    def _fold_traffic(self, e: Event) -> None:
-        load = self._server(e.server)
-        if load.reported:  # the server's own cumulative counters win
-            return
-        if e.op == "push":
-            load.bytes_in += e.nbytes
-        else:
-            load.bytes_out += e.nbytes
-        history = load.history
-        if history and e.time - history[-1][0] < 0.1:  # one point per 100 ms is plenty
-            history[-1] = (history[-1][0], load.bytes_in, load.bytes_out)
-        else:
-            history.append((e.time, load.bytes_in, load.bytes_out))
 
     # -- queries (call flush() first) ------------------------------------------
     def events(self, key: Any = None, op: str | None = None, limit: int = 50) -> list[Event]:

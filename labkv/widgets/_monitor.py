@@ -77,8 +77,9 @@ class Monitor(FrontEnd):
     """Watches one store's events; see :func:`labkv.widgets.monitor`.
 
         ``hz`` bounds the dashboard's refresh rate, ``rows`` the rows of the event
-        log shown, ``log_size``/``trace_size``/``timeline_size`` the rings kept
-    (the timeline: the events :meth:`export_trace` writes). ``refresh_cpu`` is
+        log shown, ``log_size``/``trace_size`` the rings kept; the timeline (what
+    :meth:`export_trace` writes) keeps the last ``timeline_s`` seconds, at most
+    ``timeline_size`` events. ``refresh_cpu`` is
         the share of a core the refreshes may take from the notebook: when a busy
         store makes them costly, they come less often (down to once a second).
         ``hidden_tabs_s``: how often the tables of the tabs the page does not show
@@ -99,10 +100,10 @@ class Monitor(FrontEnd):
         refresh_cpu: float = 0.005,
         timeline_size: int = 20_000,
         hidden_tabs_s: float = 1.0,
+        timeline_s: float = 10.0,
     ):
-        self.model = MonitorModel(
-            log_size=log_size, trace_size=trace_size, timeline_size=timeline_size
-        )
+        sizes = {"timeline_size": timeline_size, "timeline_s": timeline_s}
+        self.model = MonitorModel(log_size=log_size, trace_size=trace_size, **sizes)
         self.kv: Any = None
         self.closed = True
         self._rows = rows
@@ -357,7 +358,7 @@ class Monitor(FrontEnd):
     def export_trace(
         self, path: str | os.PathLike, keys: Iterable[Any] | None = None, ranks: Any = None
     ) -> dict[str, int]:
-        """Write the events seen (the last ``timeline_size`` of the model) as a
+        """Write the events seen (the model's timeline: the last ``timeline_s``) as a
         Chrome / Perfetto trace to ``path``, only those of ``keys`` and ``ranks``
         when given (see :func:`labkv.events.export_trace`); returns the push and
         pull calls its spans stand for. Open it in https://ui.perfetto.dev.

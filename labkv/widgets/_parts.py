@@ -30,9 +30,11 @@ class Part(NamedTuple):
 #: load, timeline) are not parts: a second view of a bokeh widget in the page starts
 #: from the figure as first sent and would miss the changes made before it appeared.
 PARTS: dict[str, Part] = {
-    "keys": Part("keys", "keys", ("keys",)),
+    "keys": Part("keys", "keys", ("keys_pages", "keys")),
     "updates": Part("value & updates", "updater calls (newest first)", ("trace_note", "trace")),
-    "fan-in": Part("servers & rounds", "fan-in (dist_sync round)", ("fanin_note", "fanin")),
+    "fan-in": Part(
+        "servers & rounds", "fan-in (dist_sync round)", ("fanin_note", "fanin_pages", "fanin")
+    ),
     "clocks": Part("servers & rounds", "clocks (dist_ssp)", ("clocks",)),
     "servers": Part("servers & rounds", "server load", ("servers",)),
     "events": Part("events", "events (newest first)", ("key_filter", "op_filter", "log")),

@@ -15,11 +15,12 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 
+from ._format import fmt_key
+from ._heatmap import HeatMap
 from ._html import esc
 from ._model import MonitorModel
-from ._tables import fmt_key
 from ._timeline import COLUMNS as TIMELINE_COLUMNS
-from ._timeline import fold_tracks, timeline_bars
+from ._timeline import fold_tracks, timeline_view
 
 __all__ = ["TIMELINE_S", "Plots"]
 
@@ -130,7 +131,7 @@ class Plots:
         except ImportError:
             note = "install bokeh and jupyter_bokeh (pip install 'labkv[lab]') for plots"
             self.value_widget = self.load_widget = W.HTML(f"<i>{esc(note)}</i>")
-            self.timeline_widget = self.value_widget
+            self.timeline_widget = self.heat_widget = self.value_widget
             self.available = False
             return
         self.available = True
@@ -187,6 +188,8 @@ class Plots:
         self.value_widget = BokehModel(fig)
         self.load_widget = BokehModel(load)
         self.timeline_widget = BokehModel(timeline)
+        self.heatmap = HeatMap(BokehModel)
+        self.heat_widget = self.heatmap.widget
         self.load_widget.layout.display = "none"  # until a server reports: no empty box
 
     def show_value(self, picture: np.ndarray, title: str) -> None:
@@ -229,28 +232,33 @@ class Plots:
         """The last ``TIMELINE_S`` seconds of spans (of ``key``, or of every key)."""
         if not self.available:
             return
-        tracks, bars = timeline_bars(model, key, TIMELINE_S)
-        seen = (key, tracks, len(bars["op"]), bars["right"][-1:], bars["left"][:1])
+        tracks, bars, total = timeline_view(model, key, TIMELINE_S)
+        seen = (key, tracks, total, len(bars["op"]), bars["right"][-1:], bars["left"][:1])
         if seen == self._timeline_seen:
             return
         self._timeline_seen = seen
         shown, bars = fold_tracks(tracks, bars)
         what = "every key" if key is None else f"key {fmt_key(key)}"
         waits = sum(1 for op in bars["op"] if op in ("clock", "round"))
-        with model.lock:  # what the ring holds: less than TIMELINE_S when it is full
-            ring = model.timeline
-            full = len(ring) == ring.maxlen and len(ring) > 0
-            held = ring[-1].time - ring[0].time if full else TIMELINE_S
+        spans = (
+            f"{total} spans" if total == len(bars["op"]) else f"{len(bars['op'])} of {total} spans"
+        )
+        held = model.held_s()  # less than TIMELINE_S when the ring keeps less
         span = f"last {TIMELINE_S:g} s" if held >= TIMELINE_S else f"last {held:.2g} s (all kept)"
         folded = f", {len(tracks)} tracks in {len(shown)}" if len(shown) < len(tracks) else ""
         self.timeline_fig.title.text = (
-            f"timeline of {what}, {span}: {len(bars['op'])} spans, {waits} waits (red){folded}"
+            f"timeline of {what}, {span}: {spans}, {waits} waits (red){folded}"
         )
         tracks = shown
         self.timeline_fig.y_range.factors = list(reversed(tracks))
         self.timeline_source.data = {
             c: np.asarray(v) if c in _NUMERIC else v for c, v in bars.items()
         }
+
+    def show_heatmap(self, model: MonitorModel) -> None:
+        """The keys x ranks picture of the dist_sync rounds (:mod:`._heatmap`)."""
+        if self.available:
+            self.heatmap.show(model)
 
     def show_load(self, model: MonitorModel) -> None:
         if not self.available:

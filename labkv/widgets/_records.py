@@ -2,7 +2,7 @@
 
 >>> from labkv.events import Event
 >>> fan = FanIn("w")
->>> fan.per_server[0] = (1.0, {"round": 2, "num_workers": 2, "pushed": [0], "missing": [1]})
+>>> fan.report(0, 1.0, {"round": 2, "num_workers": 2, "pushed": [0], "missing": [1]})
 >>> sorted(fan.current()["missing"])
 [1]
 """
@@ -46,6 +46,12 @@ class KeyStats:
     #: held by servers: events carry what was pushed, not what is stored, so the
     #: value summary is read from the servers after they change it
     on_servers: bool = False
+    #: a row-sparse key (its init said so)
+    sparse: bool = False
+    #: rows of row-sparse values pushed and pulled (``extra["rows"]`` of the events,
+    #: counted calls included; on a cluster, from the ranks' events)
+    rows_in: int = 0
+    rows_out: int = 0
 
 
 @dataclass
@@ -54,10 +60,24 @@ class FanIn:
 
     key: Key
     per_server: dict[Any, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    #: what current() made since the last report (a refresh reads it 4 times, and at
+    #: 64 ranks x 500 keys making it was most of the fan-in tab's refresh)
+    _current: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    def report(self, server: Any, time: float, extra: dict[str, Any]) -> None:
+        """A server's report of the key's round (``extra`` as :func:`~labkv.events.round_rows`)."""
+        self.per_server[server] = (time, extra)
+        self._current = None
 
     def current(self) -> dict[str, Any]:
         """``round``, ``num_workers``, ``pushed``/``missing`` rank sets, ``waited_s``,
-        ``complete`` and ``time`` of the newest round any server reported."""
+        ``complete`` and ``time`` of the newest round any server reported (not to
+        be changed: the same dict until the next :meth:`report`)."""
+        if self._current is None:
+            self._current = self._combine()
+        return self._current
+
+    def _combine(self) -> dict[str, Any]:
         latest = max(int(extra.get("round", 0)) for _, extra in self.per_server.values())
         now = [(t, e) for t, e in self.per_server.values() if int(e.get("round", 0)) == latest]
         workers = max(int(e.get("num_workers", 0)) for _, e in now)
@@ -137,3 +157,29 @@ class ServerLoad:
     #: a replicated server's workers, primary first (empty: not replicated)
     replicas: tuple[str, ...] = ()
     history: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=300))
+
+    def fold_report(self, e: Event) -> None:
+        """A ``load`` event: the server's own cumulative counters."""
+        x = e.extra
+        self.reported = True
+        self.bytes_in = int(x.get("bytes_in", self.bytes_in))
+        self.bytes_out = int(x.get("bytes_out", self.bytes_out))
+        self.keys = x.get("keys", self.keys)
+        self.bytes_held = x.get("bytes_held", self.bytes_held)
+        self.device = str(x.get("device", self.device))
+        self.replicas = tuple(x.get("replicas", self.replicas))
+        self.history.append((e.time, self.bytes_in, self.bytes_out))
+
+    def fold_traffic(self, e: Event) -> None:
+        """A push or pull the server received, summed while it reports no counters."""
+        if self.reported:  # the server's own cumulative counters win
+            return
+        if e.op == "push":
+            self.bytes_in += e.nbytes
+        else:
+            self.bytes_out += e.nbytes
+        history = self.history
+        if history and e.time - history[-1][0] < 0.1:  # one point per 100 ms is plenty
+            history[-1] = (history[-1][0], self.bytes_in, self.bytes_out)
+        else:
+            history.append((e.time, self.bytes_in, self.bytes_out))

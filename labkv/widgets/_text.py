@@ -13,17 +13,12 @@ import re
 import time
 from typing import Any
 
-from ._fanin import fanin_note
+from ._clocks import clocks_table
+from ._eventlog import log_table
+from ._fanin import fanin_note, fanin_table
 from ._model import MonitorModel
-from ._tables import (
-    clocks_table,
-    fanin_table,
-    keys_table,
-    log_table,
-    servers_table,
-    trace_note,
-    trace_table,
-)
+from ._tables import keys_table, servers_table
+from ._tracetable import trace_note, trace_table
 
 __all__ = ["render_table", "summary", "unread"]
 

@@ -24,11 +24,16 @@ from .._trace import to_trace
 from ..events import per_key
 from ._model import MonitorModel
 
-__all__ = ["MAX_TRACKS", "OP_COLORS", "fold_tracks", "timeline_bars"]
+__all__ = ["MAX_BARS", "MAX_TRACKS", "OP_COLORS", "fold_tracks", "timeline_bars", "timeline_view"]
 
 #: the tracks the timeline draws at most: past it, all the servers' and the slowest
 #: ranks' tracks, the other ranks' folded into one (72 tracks in 260 px were a smear)
 MAX_TRACKS = 16
+
+#: the spans the timeline draws at most (the newest, the waits first): a span costs
+#: about 50 us to make and 110 bytes to send, and a busy 64-rank run's last 5 s held
+#: 20,000 of them (a second of CPU and 2 MB a refresh)
+MAX_BARS = 1000
 
 #: bar colour per op; a dist_ssp pull's wait (``clock``) and a dist_sync round (from its
 #: first push to its last) stand out in red
@@ -52,6 +57,27 @@ def timeline_bars(
     of the events of the last ``seconds`` before the newest (only ``key``'s when
     given): its track, ``left``/``right`` in seconds relative to the newest
     event, op, key, bytes, round, ``waited_ms`` (a wait's) and colour."""
+    tracks, columns, _ = timeline_view(model, key, seconds, None)
+    return tracks, columns
+
+
+def timeline_view(
+    model: MonitorModel, key: Any = None, seconds: float = 5.0, most: int | None = MAX_BARS
+) -> tuple[list[str], dict[str, list], int]:
+    """:func:`timeline_bars` of at most ``most`` spans: the newest waits (dist_sync
+    rounds, dist_ssp waits; half of them at most), then the newest other spans;
+    and how many spans there were in all.
+
+    >>> from labkv.events import Event
+    >>> m = MonitorModel()
+    >>> for i in range(10):
+    ...     m.on_event(Event(i, 10.0 + i / 10, "s", "push", "w", extra={"start": 9.0}))
+    >>> m.on_event(Event(0, 10.0, "s", "clock", "w", rank=1, server=0, extra={"waited_s": 0.4}))
+    >>> _ = m.flush()
+    >>> tracks, bars, total = timeline_view(m, most=4)
+    >>> total, bars["op"].count("clock"), len(bars["op"])
+    (11, 1, 4)
+    """
     with model.lock:
         newest = max((e.time for e in list(model.timeline)[-200:]), default=0.0)
         recent = []
@@ -61,6 +87,13 @@ def timeline_bars(
             recent.append(e)
     since = newest - seconds
     recent = [e for r in recent if r.time >= since for e in per_key(r) if key in (None, e.key)]
+    total = len(recent)
+    if most is not None and total > most:  # newest first: keep the newest waits and others
+        waits = [e for e in recent if e.op in ("clock", "round")][: most // 2]
+        kept = {id(e) for e in waits}
+        others = [e for e in recent if id(e) not in kept][: most - len(waits)]
+        kept.update(id(e) for e in others)
+        recent = [e for e in recent if id(e) in kept]
     trace = to_trace(reversed(recent))
     t0 = trace["otherData"]["start_time"]
     processes, threads = {}, {}
@@ -89,7 +122,7 @@ def timeline_bars(
             columns["color"].append(OP_COLORS.get(e["name"], "#8c564b"))
     names = {t: f"{processes[t[0]]} · {threads[t]}" for t in threads}
     columns["track"] = [names[t] for t in columns["track"]]
-    return [names[t] for t in sorted(names)], columns
+    return [names[t] for t in sorted(names)], columns, total
 
 
 def fold_tracks(

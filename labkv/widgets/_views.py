@@ -18,24 +18,21 @@ import ipywidgets as W
 import numpy as np
 
 from ._clocks import clocks_grid
-from ._fanin import fanin_grid, fanin_note, held_up
+from ._controls import Pager
+from ._controls import html_view as _html
+from ._controls import pane as _pane
+from ._controls import section as _section
+from ._controls import set_traits as _set
+from ._eventlog import EventRows, log_row, log_view
+from ._fanin import GRID_ROWS, fanin_grid, fanin_note, held_up
+from ._format import fmt_key, fmt_num, fmt_shape
+from ._grid import pages
 from ._html import STYLE, esc, table_html
 from ._model import MonitorModel
 from ._parts import PARTS
 from ._plots import Plots
-from ._tables import (
-    EventRows,
-    fmt_key,
-    fmt_num,
-    fmt_shape,
-    keys_table,
-    log_row,
-    log_table,
-    servers_table,
-    trace_note,
-    trace_row,
-    trace_table,
-)
+from ._tables import keys_page, servers_table
+from ._tracetable import trace_note, trace_row, trace_table
 
 __all__ = ["TAB_TITLES", "Dashboard", "ValueState"]
 
@@ -66,31 +63,8 @@ class ValueState:
         self.version = 0
 
 
-def _set(widget: W.Widget, **traits: Any) -> bool:
-    """Write the traits that differ, as one message; returns whether anything was sent."""
-    changed = {k: v for k, v in traits.items() if getattr(widget, k) != v}
-    if not changed:
-        return False
-    with widget.hold_sync():
-        for name, value in changed.items():
-            setattr(widget, name, value)
-    return True
-
-
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
-
-
-def _html(css: str) -> W.HTML:
-    widget = W.HTML()
-    widget.add_class(css)
-    return widget
-
-
-def _section(title: str, *children: W.Widget) -> W.VBox:
-    # flex none: a wide table beside a section scrolls the pane, never squeezes the plot
-    layout = W.Layout(margin="4px 8px", flex="none")
-    return W.VBox([W.HTML(f"<b>{esc(title)}</b>"), *children], layout=layout)
 
 
 #: the dashboard's tabs, in order
@@ -98,11 +72,6 @@ TAB_TITLES = ("keys", "value & updates", "servers & rounds", "timeline", "events
 KEYS_TAB, VALUE_TAB, SERVERS_TAB, TIMELINE_TAB, EVENTS_TAB = range(len(TAB_TITLES))
 #: the tabs with bokeh plots: drawn only while shown (and in a closed monitor's last picture)
 PLOT_TABS = frozenset({VALUE_TAB, SERVERS_TAB, TIMELINE_TAB})
-PANE_HEIGHT = "360px"
-
-
-def _pane(child: W.Widget) -> W.Box:
-    return W.Box([child], layout=W.Layout(max_height=PANE_HEIGHT, overflow="auto"))
 
 
 class Dashboard:
@@ -113,6 +82,8 @@ class Dashboard:
         self.trace_rows = trace_rows
         self.header = _html("labkv-header")
         self.keys = _html("labkv-keys-view")
+        self.keys_pager, self.fanin_pager = Pager("labkv-keys-pages"), Pager("labkv-fanin-pages")
+        self.keys_pages, self.fanin_pages = self.keys_pager.box, self.fanin_pager.box
         # index=0, not value=None: a Dropdown whose value is None shows no selection
         self.key_filter = W.Dropdown(options=[("all keys", None)], index=0, description="key")
         self.op_filter = W.Dropdown(
@@ -133,7 +104,7 @@ class Dashboard:
         plots = self.plots
         self._plot_widgets = {
             VALUE_TAB: (plots.value_widget,),
-            SERVERS_TAB: (plots.load_widget,),
+            SERVERS_TAB: (plots.load_widget, plots.heat_widget),
             TIMELINE_TAB: (plots.timeline_widget,),
         }
         for w in (self.key_filter, self.op_filter):
@@ -159,7 +130,7 @@ class Dashboard:
         # while later cells run.
         self.tabs = W.Tab(
             children=[
-                _pane(_section("keys", self.keys)),
+                _pane(_section("keys", self.keys_pages, self.keys)),
                 _pane(
                     W.HBox(
                         [
@@ -176,7 +147,11 @@ class Dashboard:
                             W.VBox(
                                 [
                                     _section(
-                                        "fan-in (dist_sync round)", self.fanin_note, self.fanin
+                                        "fan-in (dist_sync round)",
+                                        self.fanin_note,
+                                        self.fanin_pages,
+                                        self.fanin,
+                                        self.plots.heat_widget,
                                     ),
                                     _section("clocks (dist_ssp)", self.clocks),
                                 ]
@@ -260,6 +235,9 @@ class Dashboard:
             redraw = self._drawn_at.get((tab, "tables")) != state
             if tab == EVENTS_TAB and self._filters_dirty:
                 redraw = True
+            pager = {KEYS_TAB: self.keys_pager, SERVERS_TAB: self.fanin_pager}.get(tab)
+            if pager is not None and pager.dirty:  # a page turned: drawn now, shown or not
+                redraw = tables = True
             if tables and redraw:
                 self._drawn_at[tab, "tables"] = state
                 self._draw_tables(tab, model, placement)
@@ -295,20 +273,28 @@ class Dashboard:
             servers = servers_table(model)
             empty = "no server events"
             _set(self.servers, value=table_html(*servers, "labkv-servers", empty, drawn["servers"]))
-            headers, rows, caption = fanin_grid(model)  # the keys waiting longest first
+            pager = self.fanin_pager  # the keys waiting longest first, a page of them
+            headers, rows, caption = fanin_grid(model, page=pager.page)
             grid = table_html(headers, rows, "labkv-fanin", "no dist_sync rounds", drawn["fanin"])
             if caption:
                 grid += f'<div class="labkv-empty">{esc(caption)}</div>'
             _set(self.fanin, value=grid)
+            with model.lock:
+                keys = len(model.fanin)
+            page = min(pager.page, pages(keys, GRID_ROWS) - 1)
+            pager.show(page, pages(keys, GRID_ROWS), f"page {page + 1} of {pages(keys, GRID_ROWS)}")
         elif tab == EVENTS_TAB:
             self._draw_log(model)
 
     def _draw_log(self, model: MonitorModel) -> None:
         self._filters_dirty = False
-        log = log_table(
+        *log, caption = log_view(
             model, self.key_filter.value, self.op_filter.value, self.rows, self._log_made
         )
-        _set(self.log, value=table_html(*log, "labkv-log", "no events yet", self._drawn["log"]))
+        html = table_html(*log, "labkv-log", "no events yet", self._drawn["log"])
+        if caption:  # a busy store's log: grouped by op and place
+            html = f'<div class="labkv-empty">{esc(caption)}</div>' + html
+        _set(self.log, value=html)
 
     def _draw_fanin_note(self, model: MonitorModel) -> None:
         """The line above the fan-in grid: who holds the rounds up, and for how long.
@@ -322,6 +308,7 @@ class Dashboard:
             self._show_value(value)
         elif tab == SERVERS_TAB and stale:
             self.plots.show_load(model)
+            self.plots.show_heatmap(model)
         elif tab == TIMELINE_TAB and (stale or self.value_key.value != self._timeline_key):
             self._timeline_key = self.value_key.value
             self.plots.show_timeline(model, self._timeline_key)
@@ -350,8 +337,10 @@ class Dashboard:
             self._set_options(self.value_key, [("(first key)", None)], keys)
 
     def _draw_keys(self, model: MonitorModel, placement: dict[Any, Any]) -> None:
-        table = keys_table(model, placement)
+        pager = self.keys_pager  # past KEY_ROWS keys: a page of them, the busiest first
+        *table, caption, page, count = keys_page(model, placement, pager.page)
         _set(self.keys, value=table_html(*table, "labkv-keys", "no keys yet", self._drawn["keys"]))
+        pager.show(page, count, caption)
 
     def _show_value(self, value: ValueState) -> None:
         if value.error:

@@ -147,3 +147,44 @@ print("CELLS DONE")
 def build_scale(path: Path) -> None:
     """A notebook whose monitor holds a 64-rank, 500-key store's rounds, one rank late."""
     _write(path, (SCALE, SCALE_EVENTS))
+
+
+# A real in-process run, 64 ranks x 500 keys (bench/_watched_cluster.py: real servers
+# and DistStore ranks, every message pickled as Dask would, the servers' and ranks'
+# event batches delivered to the notebook's bus): two watched rounds, then a round
+# that rank 17 holds up on 40 keys (every other rank pushed them).
+REAL_SCALE = """
+import sys, threading, time
+import numpy as np
+sys.path.insert(0, {bench!r})
+from _watched_cluster import WatchedCluster
+from labkv.widgets import monitor
+
+cluster = WatchedCluster(64, 4, 500)
+mon = monitor(cluster.kv)
+mon
+"""
+
+REAL_SCALE_ROUNDS = """
+per_round = cluster.rounds(2)
+held = list(range(0, 480, 12))  # 40 keys
+def push(kv):
+    kv.push(held, [np.ones(4, np.float32) for _ in held])
+threads = [threading.Thread(target=push, args=(kv,)) for kv in cluster.ranks if kv.rank != 17]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+time.sleep(1.0)  # the servers' next flush reports the open rounds
+mon.refresh()
+counts = {(s.pushes, s.pulls) for s in mon.model.keys.values()}
+print(f"REAL ROUNDS {per_round * 1e3:.0f} ms per round; counts {sorted(counts)}")
+print("CELLS DONE")
+"""
+
+
+def build_real_scale(path: Path) -> None:
+    """A notebook whose monitor watches a real in-process run of 64 ranks x 500 keys,
+    rank 17 holding up 40 keys' rounds."""
+    bench = str(Path(__file__).resolve().parents[2] / "bench")
+    _write(path, (REAL_SCALE.format(bench=bench), REAL_SCALE_ROUNDS))

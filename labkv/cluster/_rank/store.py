@@ -326,7 +326,7 @@ class DistStore(KVStore):
 
     def _pull_rows(self, items: list[tuple[Key, np.ndarray]]) -> list[np.ndarray]:
         args = (self._calls, self._meta, self._pieces, items, self._rank, self._steps.current)
-        return pull_rows(*args)  # each server asked only for its rows (see labkv.cluster._rows)
+        return pull_rows(*args, self)  # each server asked only for its rows (labkv.cluster._rows)
 
     def _new_out(self, key: Key) -> Any:
         return new_out(*self._meta[key], key in self._sparse)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -153,11 +154,31 @@ def requests(wanted: np.ndarray, placed: list[Piece], shape: tuple) -> list[tupl
 
 
 def pull_rows(
-    calls: Any, meta: dict, pieces: dict, items: list[tuple[Any, np.ndarray]], rank: Any, step: Any
+    calls: Any,
+    meta: dict,
+    pieces: dict,
+    items: list[tuple[Any, np.ndarray]],
+    rank: Any,
+    step: Any,
+    store: Any = None,
 ) -> list[np.ndarray]:
     """``DistStore._pull_rows``: per ``(key, rows)``, the rows (a host block of
     ``len(rows)`` rows), each server asked only for those it holds, in one pull per
-    server (``calls``: the store's :class:`~labkv.cluster._rank.calls.Calls`)."""
+    server (``calls``: the store's :class:`~labkv.cluster._rank.calls.Calls`);
+    reported as one pull per key by ``store`` (its rows and bytes) while watched."""
+    watched = store is not None and store.events.active
+    start = time.time() if watched else 0.0
+    blocks = _pull_blocks(calls, meta, pieces, items, rank, step)
+    if watched:  # the bytes moved: the rows and their ids, as on a local store
+        moved = [int(b.nbytes) + int(rows.nbytes) for b, (_, rows) in zip(blocks, items)]
+        pulled = [(k, [b]) for (k, _), b in zip(items, blocks, strict=True)]
+        store._report_pull(pulled, start, moved, [len(rows) for _, rows in items])
+    return blocks
+
+
+def _pull_blocks(
+    calls: Any, meta: dict, pieces: dict, items: list[tuple[Any, np.ndarray]], rank: Any, step: Any
+) -> list[np.ndarray]:
     asked: dict[int, dict] = defaultdict(dict)
     for key, wanted in items:
         for server, want in requests(wanted, pieces[key], meta[key][0]):
