@@ -265,13 +265,32 @@ class EventBus:
         carries their ``count`` and bytes, or :meth:`flush` delivers them. This
         keeps a busy watched store fast while calls at human pace all arrive in
         detail. The bus follows the most demanding subscriber (interval 0:
-        every call is an event).
+        every call is an event). A new subscriber hears only of calls made from
+        now on: the calls the others' events have not carried yet are delivered
+        to them first.
+
+        >>> bus = EventBus("s"); first, second = [], []
+        >>> _ = bus.subscribe(first.append, detail_interval=60)
+        >>> def pull():
+        ...     counted = bus.count("pull", "w", 8)
+        ...     if counted:
+        ...         _ = bus.emit("pull", "w", count=counted[0], nbytes=counted[1])
+        >>> for _ in range(3):
+        ...     pull()
+        >>> _ = bus.subscribe(second.append)
+        >>> pull()
+        >>> [(e.count, e.tally) for e in first], [(e.count, e.nbytes) for e in second]
+        ([(1, False), (2, True), (1, False)], [(1, 8)])
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         if detail_interval < 0 or detail_burst < 1:
             raise ValueError("detail_interval must be >= 0 and detail_burst >= 1")
         handle = Subscription(self, callback, float(detail_interval), int(detail_burst))
+        if self._subscribers:
+            # The calls counted so far belong to the subscribers there are: delivered
+            # now, they never ride on the new subscriber's first event of a key.
+            self.flush()
         with self._lock:
             self._subscribers = (*self._subscribers, handle)
             self._refresh()

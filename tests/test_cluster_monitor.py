@@ -228,7 +228,8 @@ def test_closing_the_monitor_of_a_closed_store_keeps_its_picture(handle):
     kv.close()
     mon.close()  # a closed store has nothing left to stop: closing the monitor is quiet
     d = mon.dashboard
-    assert "dist_sync (closed): " in d.header.value and "push 4" in d.header.value
+    assert "dist_sync (closed): push 2 · pull 0 · " in d.header.value  # calls, as the keys table
+    assert "push 4" in d.header.value  # events (the ranks' and the servers'), in the tooltip
     assert "<td>0</td><td>3</td><td>1</td>" in d.keys.value
     assert not mon._ticker.running and not kv.events.active
 

@@ -362,7 +362,9 @@ def test_text_summary_without_a_front_end():
     mon = monitor(kv)
     run_tutorial(kv)
     text = mon.summary(events=3)
-    assert text.startswith("labkv monitor local: 32 events (init 4, pull 12, push 9, update 7)")
+    assert text.startswith(
+        "labkv monitor local: push 9, pull 12, updater 7; 32 events (init 4, pull 12, push 9, update 7)"
+    )
     assert "stored += input * 2" in text and "cpu(0)" in text
     assert str(mon) == mon.summary() and "watching" in repr(mon)
     mon.close()

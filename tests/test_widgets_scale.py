@@ -56,7 +56,7 @@ def test_past_a_page_of_keys_the_busiest_come_first_and_the_totals_are_exact(wat
     pushes = sum(k % 7 for k in range(n))
     caption = d.keys_pager.label.value
     assert f"keys 1-{KEY_ROWS} of {n}, the busiest first" in caption
-    assert f"{pushes} pushes, 0 pulls, {fmt_bytes(pushes * 16)} in" in caption
+    assert f"{pushes} pushes, 0 pulls, {fmt_bytes(pushes * 16)} pushed" in caption
     assert d.keys_pages.layout.display is None and d.keys_pager.prev.disabled
     for page in (1, 2):
         d.keys_pager.next.click()

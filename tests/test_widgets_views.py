@@ -41,7 +41,9 @@ def test_dashboard_shows_the_tutorial(watched):
     run_tutorial(kv)
     mon.refresh()
     d = mon.dashboard
-    assert "32 events" in d.header.value and "update 7" in d.header.value
+    # the header counts calls as the keys table does; the events per op are its tooltip
+    assert "push 9 · pull 12 · updater 7 · 4 keys · " in d.header.value
+    assert 'title="init 4 · pull 12 · push 9 · update 7">32 events</span>' in d.header.value
     assert "<td>3</td><td>2x3</td><td>3</td><td>6</td><td>1</td>" in d.keys.value
     show(d, "value & updates")
     assert d.trace.value.count("stored += input * 2") == 7
@@ -184,6 +186,8 @@ def test_dist_views_from_cluster_events_on_another_thread(watched):
     ]
     assert d.plots.load_widget.layout.display is None
     assert d.plots.load_fig.title.text == "bytes in and out, cumulative (KiB)"
+    # the unit is the title's alone: no y label saying otherwise ("bytes" over KiB ticks)
+    assert not d.plots.load_fig.yaxis[0].axis_label
     assert d.plots.load_source.data["ys"][2] == [4.0]  # 4096 bytes, in KiB
     # the legend sits beside the plot area, not over the lines
     assert d.plots.load_fig.legend[0] in d.plots.load_fig.right
@@ -275,7 +279,8 @@ def test_compact_layout_constant_value_and_caption(watched):
     assert (plots.mapper.low + plots.mapper.high) / 2 == 10.0
     # the caption is two lines that do not wrap
     assert "</span> <br><span>min 10" in d.value_caption.value
-    assert "1 event (init 1) · 1 key" in d.header.value
+    assert "push 0 · pull 0 · updater 0 · 1 key · " in d.header.value
+    assert 'title="init 1">1 event</span>' in d.header.value
 
 
 def test_timeline_shows_a_straggler_and_the_waits_for_it(watched):
@@ -494,7 +499,7 @@ def test_every_part_has_its_widgets_and_a_wrong_name_lists_them():
         ("fan-in", ["fanin_note", "fanin"]),
         ("clocks", ["clocks"]),
         ("servers", ["servers"]),
-        ("events", ["log"]),
+        ("events", ["ops_legend", "log"]),
     ]:
         part = mon.view(name)
         d = mon.dashboard
@@ -526,7 +531,9 @@ def test_close_never_raises_and_says_what_it_could_not_read(monkeypatch):
     monkeypatch.setattr(kv.events, "unsubscribe", gone)
     mon.close()
     d = mon.dashboard
-    assert "dist" not in d.header.value and "(closed; store closed): 1 event" in d.header.value
+    assert (
+        "dist" not in d.header.value and "(closed; store closed): push 0 · pull 0" in d.header.value
+    )
     assert "<td>w</td>" in d.keys.value and not mon._ticker.running and not kv.events.active
     mon.close()  # idempotent, still no error
     monkeypatch.undo()

@@ -98,15 +98,32 @@ def log_groups(events: list[Event]) -> Table:
 
 
 def log_row(e: Event) -> list[str]:
-    """One event's row of :func:`log_table`."""
+    """One event's row of :func:`log_table`. An event that stands for calls the
+    bus only counted before it (its ``count``) says so: ``pull ×3``, and its
+    bytes per call.
+
+    >>> log_row(Event(0, 0.0, "s", "pull", 3, count=3, nbytes=72))[1:2] + log_row(
+    ...     Event(0, 0.0, "s", "pull", 3, count=3, nbytes=72))[6:7]
+    ['pull ×3', '24 B each']
+    """
+    count = e.count
+    op = e.op if count == 1 else f"{e.op} ×{count}"
+    if not e.nbytes:
+        moved = "-"
+    elif count == 1:
+        moved = fmt_bytes(e.nbytes)
+    elif e.nbytes % count == 0:
+        moved = f"{fmt_bytes(e.nbytes // count)} each"
+    else:  # calls of different sizes
+        moved = f"{fmt_bytes(e.nbytes)} in all"
     return [
         fmt_time(e.time),
-        e.op,
+        op,
         fmt_key(e.key),
         str(e.rank),
         fmt_where(e),
         fmt_shape(e.shape, "-"),
-        fmt_bytes(e.nbytes) if e.nbytes else "-",
+        moved,
         _event_value(e),
     ]
 

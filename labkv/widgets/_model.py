@@ -31,6 +31,7 @@ from typing import Any
 
 from .._types import Key
 from ..events import Event, compact_rows, round_rows
+from ._folds import fold_failover, fold_rows
 from ._records import CHANGING_OPS, UPDATER_OPS, FanIn, KeyClocks, KeyStats, ServerLoad, Summary
 
 __all__ = ["FanIn", "KeyClocks", "KeyStats", "MonitorModel", "ServerLoad"]
@@ -87,6 +88,9 @@ class MonitorModel:
             self.server_changed: set[Key] = set()
             #: detailed updater calls folded (the rest of ``updates`` were only counted)
             self.updates_detailed = 0
+            #: per server, the primaries a failover lost with their last reports:
+            #: that server's push and updater counts are at least what they show
+            self.lost_reports: dict[Any, list[str]] = {}
             self.dropped_keys = 0
             self.events_seen = 0
             self.last_time = 0.0
@@ -172,6 +176,9 @@ class MonitorModel:
                     self.changed.add(key)  # the round's update is applied
                     self.server_changed.add(key)
             return
+        if op == "failover":
+            fold_failover(self.lost_reports, e)
+            return
         if e.server is not None and op in ("push", "pull"):
             self._server(e.server).fold_traffic(e)
             if not e.first_piece:
@@ -179,7 +186,7 @@ class MonitorModel:
         elif op == "push" and e.store.startswith("dist"):
             # a rank's own view of a push its servers report: only its rows count here
             if "rows" in e.extra:
-                self._fold_rows(e)
+                fold_rows(self.keys, e)
             return
         if e.key is None:
             if tally and "keys" in e.extra:
@@ -333,20 +340,6 @@ class MonitorModel:
         if op in CHANGING_OPS:
             stats.last_op, stats.last_change = op, when
             self.changed.add(stats.key)
-
-    def _fold_rows(self, e: Event) -> None:
-        """The rows of a dist rank's pushes (its servers' receipts count the calls)."""
-        moved = e.extra["rows"]
-        if e.key is not None:
-            stats = self.keys.get(e.key)
-            if stats is not None:
-                stats.rows_in += moved
-                stats.sparse = stats.sparse or "stype" in e.extra
-            return
-        for key, rows in zip(e.extra["keys"], moved):
-            stats = self.keys.get(key)
-            if stats is not None:
-                stats.rows_in += rows
 
     def _server(self, server: Any) -> ServerLoad:
         load = self.servers.get(server)

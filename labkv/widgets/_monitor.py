@@ -6,12 +6,12 @@
 >>> kv.init(3, np.full((2, 3), 2.0))
 >>> kv.push(3, np.ones((2, 3)))
 >>> print(mon.summary(events=0))  # doctest: +ELLIPSIS
-labkv monitor local: 2 events (init 1, push 1)
+labkv monitor local: push 1, pull 0, updater 0; 2 events (init 1, push 1)
 <BLANKLINE>
 keys
-key  shape  push  pull  updater  in    out  min  max  mean  norm   last change        placement
----  -----  ----  ----  -------  ----  ---  ---  ---  ----  -----  -----------------  ---------
-3    2x3    1     0     0        48 B  0 B  1    1    1     2.449  push ...  cpu(0)
+key  shape  push  pull  updater  pushed  pulled  min  max  mean  norm   last change        placement
+---  -----  ----  ----  -------  ------  ------  ---  ---  ----  -----  -----------------  ---------
+3    2x3    1     0     0        48 B    0 B     1    1    1     2.449  push ...  cpu(0)
 >>> mon.close()
 """
 

@@ -37,7 +37,9 @@ PARTS: dict[str, Part] = {
     ),
     "clocks": Part("servers & rounds", "clocks (dist_ssp)", ("clocks",)),
     "servers": Part("servers & rounds", "server load", ("servers",)),
-    "events": Part("events", "events (newest first)", ("key_filter", "op_filter", "log")),
+    "events": Part(
+        "events", "events (newest first)", ("key_filter", "op_filter", "ops_legend", "log")
+    ),
 }
 
 

@@ -157,7 +157,8 @@ class Plots:
             tools="reset,save",
             toolbar_location="right",
             x_axis_label="time (s)",
-            y_axis_label="bytes",
+            # no y label: the unit changes as the bytes grow, and BokehJS redraws a
+            # changed title, not a changed label (a fixed "bytes" read wrong in MiB)
             title="bytes in and out, cumulative",
         )
         load.multi_line("xs", "ys", color="color", legend_field="label", source=self.load_source)

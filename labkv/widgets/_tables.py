@@ -19,6 +19,7 @@ servers tables; the others live with their views (:mod:`._eventlog`,
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from ._clocks import clocks_table
@@ -26,6 +27,7 @@ from ._eventlog import EventRows, Table, log_row, log_table
 from ._fanin import fanin_row, fanin_table
 from ._format import fmt_bytes, fmt_key, fmt_num, fmt_placement, fmt_shape, fmt_time
 from ._grid import page_of, pages
+from ._legend import MARK
 from ._model import MonitorModel
 from ._records import KeyStats
 from ._tracetable import reads_as, trace_note, trace_row, trace_table
@@ -42,6 +44,7 @@ __all__ = [
     "fmt_time",
     "keys_page",
     "keys_table",
+    "lost_note",
     "log_row",
     "log_table",
     "reads_as",
@@ -62,7 +65,8 @@ def keys_table(model: MonitorModel, placement: dict[Any, Any] | None = None) -> 
     row-sparse keys also the rows per push and pull (:func:`rows_per_call`)."""
     with model.lock:
         stats = list(model.keys.values())
-    return _key_rows(stats, placement, any(s.sparse for s in stats))
+        lost = set(model.lost_reports)
+    return _key_rows(stats, placement, any(s.sparse for s in stats), lost)
 
 
 def keys_page(
@@ -86,21 +90,23 @@ def keys_page(
     >>> [r[0] for r in rows], page, pages
     (['2', '1'], 1, 2)
     >>> caption
-    'keys 3-4 of 4, the busiest first; all of them: 10 pushes, 0 pulls, 80 B in, 0 B out'
+    'keys 3-4 of 4, the busiest first; all of them: 10 pushes, 0 pulls, 80 B pushed, 0 B pulled'
     """
     with model.lock:
         stats = list(model.keys.values())
+        lost = set(model.lost_reports)
     sparse = any(s.sparse for s in stats)
     if len(stats) <= size:
-        return (*_key_rows(stats, placement, sparse), "", 0, 1)
+        return (*_key_rows(stats, placement, sparse, lost), "", 0, 1)
     order = sorted(range(len(stats)), key=lambda i: (-_calls(stats[i]), i))
     page, start, stop = page_of(len(stats), size, page)
-    headers, rows = _key_rows([stats[i] for i in order[start:stop]], placement, sparse)
+    headers, rows = _key_rows([stats[i] for i in order[start:stop]], placement, sparse, lost)
     pushes, pulls = sum(s.pushes for s in stats), sum(s.pulls for s in stats)
     moved = fmt_bytes(sum(s.bytes_in for s in stats)), fmt_bytes(sum(s.bytes_out for s in stats))
+    mark = MARK if lost else ""
     caption = (
         f"keys {start + 1}-{stop} of {len(stats)}, the busiest first; all of them: "
-        f"{pushes} pushes, {pulls} pulls, {moved[0]} in, {moved[1]} out"
+        f"{pushes}{mark} pushes, {pulls} pulls, {moved[0]}{mark} pushed, {moved[1]} pulled"
     )
     return headers, rows, caption, page, pages(len(stats), size)
 
@@ -110,9 +116,13 @@ def _calls(s: KeyStats) -> int:
 
 
 def _key_rows(
-    stats: list[KeyStats], placement: dict[Any, Any] | None, sparse: bool
+    stats: list[KeyStats],
+    placement: dict[Any, Any] | None,
+    sparse: bool,
+    lost: Collection[Any] = (),
 ) -> tuple[list[str], list[list[str]]]:
-    headers = ["key", "shape", "push", "pull", "updater", "in", "out"]
+    # bytes "pushed" and "pulled": a server's "bytes in" counts its inits too
+    headers = ["key", "shape", "push", "pull", "updater", "pushed", "pulled"]
     headers += ["min", "max", "mean", "norm", "last change", "placement"]
     rows = []
     if sparse:
@@ -120,14 +130,15 @@ def _key_rows(
     for s in stats:
         v = s.value or {}
         change = f"{s.last_op} {fmt_time(s.last_change)}" if s.last_op else "-"
+        mark = MARK if lost and _on_lost(s, placement, lost) else ""
         rows.append(
             [
                 fmt_key(s.key),
                 fmt_shape(s.shape),
-                str(s.pushes),
+                f"{s.pushes}{mark}",
                 str(s.pulls),
-                str(s.updates),
-                fmt_bytes(s.bytes_in),
+                f"{s.updates}{mark}",
+                fmt_bytes(s.bytes_in) + mark,
                 fmt_bytes(s.bytes_out),
                 *(fmt_num(v.get(f)) for f in ("min", "max", "mean", "norm")),
                 change,
@@ -137,6 +148,37 @@ def _key_rows(
         if sparse:
             rows[-1].append(rows_per_call(s))
     return headers, rows
+
+
+def _on_lost(s: KeyStats, placement: dict[Any, Any] | None, lost: Collection[Any]) -> bool:
+    """Whether a server that lost reports in a failover holds (a slice of) the key;
+    with no placement known, whether servers hold it at all."""
+    pieces = (placement or {}).get(s.key)
+    if not pieces:
+        return s.on_servers
+    return any(p.get("server") in lost for p in pieces)
+
+
+def lost_note(model: MonitorModel) -> str:
+    """What a :data:`~._legend.MARK` after a count means ('' while no failover lost
+    reports): the primaries whose last reports were lost with them.
+
+    >>> from labkv.events import Event
+    >>> m = MonitorModel()
+    >>> m.on_event(Event(0, 0.0, "s", "failover", None, server=0,
+    ...     extra={"lost": ["tcp://a:1"], "promoted": True}))
+    >>> _ = m.flush(); lost_note(m)
+    "push, updater, pushed marked +: at least this many; reports of the last calls were lost with server 0's primary tcp://a:1 (failed over)"
+    """
+    with model.lock:
+        lost = sorted(model.lost_reports.items(), key=lambda item: str(item[0]))
+    if not lost:
+        return ""
+    where = " and ".join(f"server {sid}'s primary {', '.join(names)}" for sid, names in lost)
+    return (
+        f"push, updater, pushed marked {MARK}: at least this many; "
+        f"reports of the last calls were lost with {where} (failed over)"
+    )
 
 
 def rows_per_call(s: KeyStats) -> str:
@@ -156,7 +198,7 @@ def rows_per_call(s: KeyStats) -> str:
 def servers_table(model: MonitorModel) -> Table:
     """Per server: its device, cumulative bytes in and out, keys and bytes held;
     for replicated servers also their workers, the primary first and marked."""
-    headers = ["server", "device", "bytes in", "bytes out", "keys", "bytes held"]
+    headers = ["server", "device", "bytes in (inits + pushes)", "bytes out", "keys", "bytes held"]
     with model.lock:
         loads = sorted(model.servers.values(), key=lambda s: str(s.server))
     rows = [

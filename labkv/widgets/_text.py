@@ -16,8 +16,9 @@ from typing import Any
 from ._clocks import clocks_table
 from ._eventlog import log_table
 from ._fanin import fanin_note, fanin_table
+from ._legend import calls_line, events_by_op
 from ._model import MonitorModel
-from ._tables import keys_table, servers_table
+from ._tables import keys_table, lost_note, servers_table
 from ._tracetable import trace_note, trace_table
 
 __all__ = ["render_table", "summary", "unread"]
@@ -38,10 +39,12 @@ def summary(
 ) -> str:
     """Every non-empty section of the monitor as text."""
     model.flush()
+    counts = events_by_op(model, ", ")
     with model.lock:
-        counts = ", ".join(f"{op} {n}" for op, n in sorted(model.counts.items()))
         total = model.events_seen
-    parts = [f"labkv monitor {store}: {total} events" + (f" ({counts})" if counts else "")]
+    calls = calls_line(model, ", ")  # as the keys table counts them
+    head = f"labkv monitor {store}: {calls}; {total} events" + (f" ({counts})" if counts else "")
+    parts = [head]
     trace = trace_table(model, limit=events)
     sections = [
         ("keys", keys_table(model, placement)),
@@ -56,6 +59,8 @@ def summary(
             title += f": {fanin_note(model, time.time())}"
         if rows:
             parts.append(f"\n{title}\n" + render_table(headers, rows))
+        if rows and title == "keys" and lost_note(model):
+            parts.append(lost_note(model))
     return "\n".join(parts)
 
 

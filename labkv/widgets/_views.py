@@ -28,10 +28,11 @@ from ._fanin import GRID_ROWS, fanin_grid, fanin_note, held_up
 from ._format import fmt_key, fmt_num, fmt_shape
 from ._grid import pages
 from ._html import STYLE, esc, table_html
+from ._legend import LEGEND, OPS_LEGEND, calls_line, events_by_op
 from ._model import MonitorModel
 from ._parts import PARTS
 from ._plots import Plots
-from ._tables import keys_page, servers_table
+from ._tables import keys_page, lost_note, servers_table
 from ._tracetable import trace_note, trace_row, trace_table
 
 __all__ = ["TAB_TITLES", "Dashboard", "ValueState"]
@@ -63,6 +64,13 @@ class ValueState:
         self.version = 0
 
 
+def _row(children: list[W.Widget]) -> W.HBox:
+    """Sections side by side; one that does not fit goes below the others."""
+    row = W.HBox(children)
+    row.add_class("labkv-row")
+    return row
+
+
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
@@ -81,6 +89,11 @@ class Dashboard:
         self.rows = rows
         self.trace_rows = trace_rows
         self.header = _html("labkv-header")
+        #: what the header's counts are, under it
+        self.legend = W.HTML(esc(LEGEND))
+        self.legend.add_class("labkv-legend")
+        self.ops_legend = W.HTML(esc(OPS_LEGEND))  # what the log's ops are
+        self.ops_legend.add_class("labkv-legend")
         self.keys = _html("labkv-keys-view")
         self.keys_pager, self.fanin_pager = Pager("labkv-keys-pages"), Pager("labkv-fanin-pages")
         self.keys_pages, self.fanin_pages = self.keys_pager.box, self.fanin_pager.box
@@ -132,7 +145,7 @@ class Dashboard:
             children=[
                 _pane(_section("keys", self.keys_pages, self.keys)),
                 _pane(
-                    W.HBox(
+                    _row(
                         [
                             _section(
                                 "value", self.value_key, self.plots.value_widget, self.value_caption
@@ -142,7 +155,7 @@ class Dashboard:
                     )
                 ),
                 _pane(
-                    W.HBox(
+                    _row(
                         [
                             W.VBox(
                                 [
@@ -168,13 +181,16 @@ class Dashboard:
                 ),
                 _pane(
                     _section(
-                        "events (newest first)", W.HBox([self.key_filter, self.op_filter]), self.log
+                        "events (newest first)",
+                        W.HBox([self.key_filter, self.op_filter]),
+                        self.ops_legend,
+                        self.log,
                     )
                 ),
             ],
             titles=TAB_TITLES,
         )
-        self.root = W.VBox([W.HTML(STYLE), self.header, self.tabs])
+        self.root = W.VBox([W.HTML(STYLE), self.header, self.legend, self.tabs])
         self.root.add_class("labkv-monitor")
 
     def part(self, name: str) -> W.VBox:
@@ -185,7 +201,7 @@ class Dashboard:
         self.kept.add(TAB_TITLES.index(part.tab))
         widgets = [getattr(self, attr) for attr in part.widgets]
         if name == "events":  # the filters side by side, as in the tab
-            widgets = [W.HBox(widgets[:2]), widgets[2]]
+            widgets = [W.HBox(widgets[:2]), *widgets[2:]]
         view = W.VBox([W.HTML(STYLE), self.header, _pane(_section(part.title, *widgets))])
         view.add_class("labkv-part")
         return view
@@ -318,19 +334,21 @@ class Dashboard:
     ) -> None:
         """The one-line header, and the key choices of the dropdowns."""
         with model.lock:
-            counts = " · ".join(f"{esc(op)} {n}" for op, n in sorted(model.counts.items()))
             keys = list(model.keys)
             total, dropped = model.events_seen, model.dropped_keys
         state = f" ({'; '.join(('closed', *notes))})" if closed else ""
         extra = f" · {dropped} events of untracked keys" if dropped else ""
-        # Events, not calls: a dist store's push is one event on the rank and one on
-        # its server (the keys table counts it once).
-        by_op = f" ({counts})" if counts else ""
-        summary = f"{_count(total, 'event')}{by_op} · {_count(len(keys), 'key')}{extra}"
+        # The calls as the keys table counts them; the events (a dist store's push is
+        # one on its rank and one on its server) per op in the tooltip.
+        events = _count(total, "event")
+        by_op = events_by_op(model)
+        if by_op:
+            events = f'<span class="labkv-events" title="{esc(by_op)}">{events}</span>'
+        summary = f"{esc(calls_line(model))} · {_count(len(keys), 'key')}{esc(extra)} · {events}"
         held = held_up(model)  # who holds the dist_sync rounds up, before any grid
         if held:
-            summary += f" · {held}"
-        _set(self.header, value=f"<b>labkv monitor</b> {esc(title)}{state}: {summary}")
+            summary += f" · {esc(held)}"
+        _set(self.header, value=f"<b>labkv monitor</b> {esc(title)}{esc(state)}: {summary}")
         if keys != self._known_keys:
             self._known_keys = keys
             self._set_options(self.key_filter, [("all keys", None)], keys)
@@ -339,7 +357,11 @@ class Dashboard:
     def _draw_keys(self, model: MonitorModel, placement: dict[Any, Any]) -> None:
         pager = self.keys_pager  # past KEY_ROWS keys: a page of them, the busiest first
         *table, caption, page, count = keys_page(model, placement, pager.page)
-        _set(self.keys, value=table_html(*table, "labkv-keys", "no keys yet", self._drawn["keys"]))
+        html = table_html(*table, "labkv-keys", "no keys yet", self._drawn["keys"])
+        note = lost_note(model)  # counts a failover made a lower bound
+        if note:
+            html += f'<div class="labkv-empty labkv-lost">{esc(note)}</div>'
+        _set(self.keys, value=html)
         pager.show(page, count, caption)
 
     def _show_value(self, value: ValueState) -> None:

@@ -148,6 +148,23 @@ def lab(tmp_path_factory):
         shutil.copy(root / "jupyter.log", ARTIFACTS / "jupyter.log")
 
 
+#: how far the shown tab's content runs past the monitor's right edge (or the output
+#: area's, if narrower), in px, and what does: each of its elements, scrolled into
+#: view or not (a pane that scrolls sideways hides a table's last columns all the same)
+_CUT = """root => {
+  const outer = root.closest('.jp-OutputArea-output') || root;
+  const right = Math.min(root.getBoundingClientRect().right, outer.getBoundingClientRect().right);
+  const skip = [...root.querySelectorAll('.labkv-header, .labkv-legend, .lm-TabBar')];
+  let past = 0, what = '';
+  for (const el of root.querySelectorAll('*')) {
+    if (!el.offsetWidth || !el.offsetHeight || skip.some(h => h.contains(el))) continue;
+    const over = el.getBoundingClientRect().right - right;
+    if (over > past) { past = over; what = el.tagName + '.' + String(el.className).slice(0, 80); }
+  }
+  return [Math.round(past), what];
+}"""
+
+
 def _visit_tabs(page, box, stem: str) -> list[dict]:
     """Show each tab of the monitor in turn (a screenshot of each), then the first
     again; per tab its title, height and how many plot canvases are drawn."""
@@ -173,6 +190,7 @@ def _visit_tabs(page, box, stem: str) -> list[dict]:
                 "height": box.bounding_box()["height"],
                 "plots": canvases,
                 "past": past,
+                "cut": box.evaluate(_CUT),
             }
         )
         box.screenshot(path=str(ARTIFACTS / f"{stem}-tab{i}.png"))
@@ -304,6 +322,9 @@ def test_run_all_cells(lab, path):
         assert timeline_tab["plots"] >= 1, f"the timeline is not drawn: {monitor}"
         events_tab = next(t for t in monitor["tabs"] if t["title"] == "events")
         assert events_tab["past"] <= 1, f"the event log is cut at the monitor's edge: {monitor}"
+        # every tab's content fits in the monitor, or scrolls inside it (none cut at its edge)
+        cut = {t["title"]: t["cut"] for t in monitor["tabs"] if t["cut"][0] > 1}
+        assert not cut, f"tabs run past the monitor's right edge (px, element): {cut}"
         assert (ARTIFACTS / f"{stem}.png").stat().st_size > 5_000
     if _shows_clocks(path):  # a dist_ssp run with rank 1 slow on purpose, watched live
         assert monitor["clocks"], f"the clocks panel shown alone has no rows: {monitor}"
