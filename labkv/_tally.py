@@ -45,7 +45,7 @@ import itertools
 import operator
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 #: (op, key, rank, server): what one slot counts
@@ -356,16 +356,11 @@ class Tallies:
 
         with self._lock:
             bulk = self._bulk
-            while bulk:  # the calls kept whole (admit_keys), per key
+            chunks: dict[tuple[str, int, Any], list[tuple[int, Sequence[Any], Sequence[int]]]] = {}
+            while bulk:  # the calls kept whole (admit_keys), counted per key below
                 op, rank, server, keys, nbytes = bulk.popleft()
-                group = groups.setdefault((op, 0 if server is not None else rank, server), {})
-                for key, n in zip(keys, nbytes):
-                    counted = group.get(key)
-                    if counted is None:
-                        group[key] = [1, n, rank, 0]
-                    else:
-                        counted[0] += 1
-                        counted[1] += n
+                gid = (op, 0 if server is not None else rank, server)
+                chunks.setdefault(gid, []).append((rank, keys, nbytes))
             touched, granted = self._touched, self._granted
             for k in {**touched.copy(), **granted.copy()}:
                 touched.pop(k, None)
@@ -384,4 +379,68 @@ class Tallies:
                     moved = rows - slot.reported_rows
                     add(*k, calls - slot.reported, nbytes - slot.reported_bytes, moved)
                     slot.reported, slot.reported_bytes, slot.reported_rows = calls, nbytes, rows
+        for gid, calls_of_keys in chunks.items():
+            columns = None if gid in groups else Columns.of(calls_of_keys)
+            if columns is not None:
+                groups[gid] = columns
+                continue
+            group = groups.setdefault(gid, {})
+            for rank, keys, nbytes in calls_of_keys:
+                for key, n in zip(keys, nbytes):
+                    counted = group.get(key)
+                    if counted is None:
+                        group[key] = [1, n, rank, 0]
+                    else:
+                        counted[0] += 1
+                        counted[1] += n
         return groups
+
+
+class Columns(Mapping):
+    """One group of :meth:`Tallies.due_groups` made only of calls of the same
+    keys by one rank (a rank's push or pull of all its keys, once or a few times
+    per flush), kept as columns: ``key_column``, ``counts``, ``nbytes`` and ``rows``
+    lists, built at C speed. It reads as the dict of ``key -> [count, nbytes,
+    rank, rows]`` the other groups are, so callers may treat both alike; a flush
+    sends its columns as they are (making 500 lists per call cost more than the
+    call at 64 ranks x 500 keys).
+
+    >>> c = Columns.of([(3, ("a", "b"), (8, 4)), (3, ("a", "b"), (8, 4))])
+    >>> c.key_column, c.counts, c.nbytes, dict(c)
+    (['a', 'b'], [2, 2], [16, 8], {'a': [2, 16, 3, 0], 'b': [2, 8, 3, 0]})
+    >>> Columns.of([(3, ("a",), (8,)), (3, ("b",), (8,))]) is None  # other keys
+    True
+    """
+
+    def __init__(self, keys: list, counts: list[int], nbytes: list[int], rank: int):
+        self.key_column, self.counts, self.nbytes, self.rank = keys, counts, nbytes, rank
+        self.rows = [0] * len(keys)
+        self._index: dict[Any, int] | None = None
+
+    @classmethod
+    def of(cls, calls: list[tuple[int, Sequence[Any], Sequence[int]]]) -> Columns | None:
+        """The columns of ``(rank, keys, nbytes)`` calls, or None unless every call
+        is of the same distinct keys, in the same order, by the same rank."""
+        rank, first, nbytes = calls[0]
+        keys = list(first)
+        if len(set(keys)) != len(keys):
+            return None
+        for other_rank, other, _ in calls[1:]:
+            if other_rank != rank or list(other) != keys:
+                return None
+        if len(calls) == 1:
+            return cls(keys, [1] * len(keys), list(nbytes), rank)
+        summed = [sum(column) for column in zip(*(n for _, _, n in calls))]
+        return cls(keys, [len(calls)] * len(keys), summed, rank)
+
+    def __getitem__(self, key: Any) -> list[int]:
+        if self._index is None:
+            self._index = {k: i for i, k in enumerate(self.key_column)}
+        i = self._index[key]
+        return [self.counts[i], self.nbytes[i], self.rank, self.rows[i]]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.key_column)
+
+    def __len__(self) -> int:
+        return len(self.key_column)

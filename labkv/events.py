@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ._summary import summarize, summarize_sum
-from ._tally import SPENT, Tallies
+from ._tally import SPENT, Columns, Tallies
 from ._trace import export_trace, to_trace
 from ._types import Key
 from .devices import device_of
@@ -460,13 +460,21 @@ class EventBus:
                     self._deliver_tally(op, key, by, server, count, nbytes, summary, moved)
                     made += 1
                 continue
-            keys = list(counted)
-            extra: dict[str, Any] = {
-                "keys": keys,
-                "counts": [counted[k][0] for k in keys],
-                "nbytes": [counted[k][1] for k in keys],
-            }
-            rows = [counted[k][3] for k in keys]
+            if isinstance(counted, Columns):  # a rank's calls of the same keys
+                keys, rows = counted.key_column, counted.rows
+                extra: dict[str, Any] = {
+                    "keys": keys,
+                    "counts": counted.counts,
+                    "nbytes": counted.nbytes,
+                }
+            else:
+                keys = list(counted)
+                extra = {
+                    "keys": keys,
+                    "counts": [counted[k][0] for k in keys],
+                    "nbytes": [counted[k][1] for k in keys],
+                }
+                rows = [counted[k][3] for k in keys]
             if any(rows):  # rows of row-sparse values, summed as the bytes are
                 extra["rows"] = rows
             if read is not None and server is None:

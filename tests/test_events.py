@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import random
 import threading
 
 import numpy as np
 import pytest
 
 import labkv
+from labkv._tally import Columns, Tallies
 from labkv.events import COMPACT_AT, Event, EventBus, compact_rows, summarize
 
 
@@ -265,3 +268,39 @@ def test_a_budget_per_op_bounds_the_detail_of_many_keys_with_exact_counts():
     assert per_key == dict.fromkeys(keys, 20)
     records = [e for e in pulled if e.key is None]
     assert records and all(e.tally and len(e.extra["keys"]) > COMPACT_AT for e in records)
+
+
+def test_calls_of_many_keys_are_counted_exactly_whichever_way_a_flush_groups_them():
+    # A flush of a rank's repeated calls of the same keys takes them as columns;
+    # other keys, other orders, repeated keys and other bytes go key by key: the
+    # counts and bytes must come out the same either way.
+    rng = random.Random(7)
+    tallies = Tallies()
+    tallies.configure(interval=60.0, burst=1)
+    calls: collections.Counter = collections.Counter()
+    sent: collections.Counter = collections.Counter()
+    got: collections.Counter = collections.Counter()
+    got_bytes: collections.Counter = collections.Counter()
+    columns = 0
+    for step in range(300):
+        rank = rng.randrange(2)
+        keys = list(range(20)) if rng.random() < 0.6 else rng.choices(range(20), k=12)
+        nbytes = [8 * (1 + k % 3) * rng.choice((1, 1, 2)) for k in keys]
+        for i, counted in [(i, c) for i, *c in tallies.admit_keys("push", keys, nbytes, rank)]:
+            got[(keys[i], rank)] += counted[0]
+            got_bytes[(keys[i], rank)] += counted[1]
+        for key, n in zip(keys, nbytes):
+            calls[(key, rank)] += 1
+            sent[(key, rank)] += n
+        if step % 7 == 6:
+            groups = tallies.due_groups()
+            columns += sum(isinstance(g, Columns) for g in groups.values())
+            for group in groups.values():
+                for key, (count, total, by, _) in group.items():
+                    got[(key, by)] += count
+                    got_bytes[(key, by)] += total
+    for (_, key, rank, _), count, total in tallies.due():
+        got[(key, rank)] += count
+        got_bytes[(key, rank)] += total
+    assert columns > 0  # the quick path was taken, and so was the other
+    assert got == calls and got_bytes == sent
