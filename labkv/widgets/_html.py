@@ -26,11 +26,12 @@ STYLE = """<style>
 .labkv-value-caption span, .labkv-header { white-space: nowrap; }
 .labkv-legend, .labkv-legend .widget-html-content { color: #666; font: 11px/1.3 sans-serif; white-space: normal; height: auto; margin-top: 0; margin-bottom: 0; }
 /* Nothing runs past the panel's edge: an event's value (a failover's replicas, a round's
-   ranks), a key's placement (s0[0:32000] s1[...]) and an updater call's
-   cells wrap at their spaces, the sections holding those tables shrink for it, and a
-   section that does not fit beside another goes below it (scrolling in the pane). */
+   ranks), a key's last change, placement (s0[0:32000] s1[...]) and rows per call (with
+   their headers) and an updater call's cells wrap at their spaces, the sections holding
+   those tables shrink for it, and a section that does not fit beside another goes below
+   it (scrolling in the pane). */
 .labkv-log td:last-child { white-space: normal; overflow-wrap: anywhere; min-width: 16em; }
-.labkv-keys td:nth-child(n+13), .labkv-trace td { white-space: normal; }
+.labkv-keys td:nth-child(n+12), .labkv-keys th:nth-child(n+12), .labkv-trace td { white-space: normal; }
 .widget-box:has(> .labkv-log-view, > .labkv-keys-view, > .labkv-trace-view) { flex-shrink: 1 !important; min-width: 0; }
 .labkv-row { flex-wrap: wrap; }
 </style>"""
