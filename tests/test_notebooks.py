@@ -115,6 +115,7 @@ def test_notebook_opens_with_its_plan_and_ends_with_its_recap(path):
         assert part in first, f"the first cell says no {part}"
     last = [c.source for c in nb.cells if c.cell_type == "markdown"][-1]
     assert "## Recap" in last, "the last text is not the recap"
+    assert "## References" in last, "the last text names no references"
 
 
 # Wrong answers per exercise, mistakes a student could make: its check must say
