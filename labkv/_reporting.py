@@ -18,6 +18,8 @@ its own event first, then the update events its backend held back
 
 from __future__ import annotations
 
+import operator
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from .events import EventBus
 from .sparse import RowSparseArray, sum_rows
 
 Items = list[tuple[Key, list[Any]]]
+_ARRAYS, _FIRST = itemgetter(1), itemgetter(0)  # an item's arrays; the first of them
 
 
 class Reporting:
@@ -41,10 +44,11 @@ class Reporting:
 
     def _report_push(self, items: Items, start: float) -> None:
         events, rank, sizes = self.events, self.rank, self._sizes
-        if len(items) > 1 and not any(isinstance(v[0], RowSparseArray) for _, v in items):
+        if len(items) > 1 and RowSparseArray not in set(
+            map(type, map(_FIRST, map(_ARRAYS, items)))
+        ):
             # many keys: counted with one check of the bus's budget (EventBus.count_keys)
-            keys = [k for k, _ in items]
-            nbytes = [(sizes.get(k) or self._nbytes(k)) * len(v) for k, v in items]
+            keys, nbytes = self._keys_and_bytes(items)
             for i, count, total in events.count_keys("push", keys, nbytes, rank):
                 self._emit_push(keys[i], items[i][1], count, total, start)
             self._report_held_events()
@@ -81,8 +85,7 @@ class Reporting:
                     self._emit_pull(k, outs, *counted[:2], start, rows=counted[2])
             return
         if moved is None and len(items) > 1:  # many keys: see _report_push
-            keys = [k for k, _ in items]
-            nbytes = [(sizes.get(k) or self._nbytes(k)) * len(outs) for k, outs in items]
+            keys, nbytes = self._keys_and_bytes(items)
             for i, count, total in events.count_keys("pull", keys, nbytes, rank):
                 self._emit_pull(keys[i], items[i][1], count, total, start)
             return
@@ -120,6 +123,18 @@ class Reporting:
             extra=extra,
             **shape,
         )
+
+    def _keys_and_bytes(self, items: Items) -> tuple[list[Key], list[int]]:
+        """The keys of a call of many keys, and the bytes of each key's arrays, made
+        with C loops (this runs on every watched call, of up to hundreds of keys)."""
+        keys = list(map(itemgetter(0), items))
+        nbytes = list(map(self._sizes.get, keys))
+        if None in nbytes:
+            nbytes = [self._nbytes(k) for k in keys]
+        arrays = list(map(len, map(itemgetter(1), items)))
+        if arrays.count(1) != len(arrays):
+            nbytes = list(map(operator.mul, nbytes, arrays))
+        return keys, nbytes
 
     def _nbytes(self, key: Key) -> int:
         """Bytes of one array of ``key`` (cached: this runs on every watched call)."""

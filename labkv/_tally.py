@@ -410,6 +410,8 @@ class Columns(Mapping):
     (['a', 'b'], [2, 2], [16, 8], {'a': [2, 16, 3, 0], 'b': [2, 8, 3, 0]})
     >>> Columns.of([(3, ("a",), (8,)), (3, ("b",), (8,))]) is None  # other keys
     True
+    >>> Columns.of([(3, ("b",), (4,)), (3, ("a", "b"), (8, 4))]).counts  # a call's last keys
+    [1, 2]
     """
 
     def __init__(self, keys: list, counts: list[int], nbytes: list[int], rank: int):
@@ -420,18 +422,22 @@ class Columns(Mapping):
     @classmethod
     def of(cls, calls: list[tuple[int, Sequence[Any], Sequence[int]]]) -> Columns | None:
         """The columns of ``(rank, keys, nbytes)`` calls, or None unless every call
-        is of the same distinct keys, in the same order, by the same rank."""
-        rank, first, nbytes = calls[0]
-        keys = list(first)
-        if len(set(keys)) != len(keys):
+        is of the same distinct keys, in the same order, by the same rank; a call
+        may have only the last of them (what is left of a call once its first keys
+        got detailed events: see :meth:`Tallies.admit_keys`)."""
+        rank = calls[0][0]
+        keys = list(max((keys for _, keys, _ in calls), key=len))
+        n = len(keys)
+        if len(set(keys)) != n:
             return None
-        for other_rank, other, _ in calls[1:]:
-            if other_rank != rank or list(other) != keys:
+        counts, summed = [0] * n, [0] * n
+        for other_rank, other, nbytes in calls:
+            start = n - len(other)
+            if other_rank != rank or (keys[start:] if start else keys) != list(other):
                 return None
-        if len(calls) == 1:
-            return cls(keys, [1] * len(keys), list(nbytes), rank)
-        summed = [sum(column) for column in zip(*(n for _, _, n in calls))]
-        return cls(keys, [len(calls)] * len(keys), summed, rank)
+            counts[start:] = map(operator.add, counts[start:], itertools.repeat(1))
+            summed[start:] = map(operator.add, summed[start:], nbytes)
+        return cls(keys, counts, summed, rank)
 
     def __getitem__(self, key: Any) -> list[int]:
         if self._index is None:

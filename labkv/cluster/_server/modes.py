@@ -211,11 +211,15 @@ class SyncMode(Mode):
         items = self.intake(push)
         borrowed = h.borrowed and bool(h.big)
         rounds, complete, step = self.rounds, [], h.step
+        watched, joined = self.reports.active, []
         for key, value in items:
             if step is not None and self.marks.replayed(key, rank, step):
                 self.marks.replayed_round(rounds, key, rank, step, sender, value)
                 continue
             if rounds.ahead(key, rank):  # this rank is a round ahead: wait for the others
+                if joined:  # the keys before it are in their rounds: seen while it waits
+                    self.reports.receipts(joined, rank, in_rounds=True)
+                    joined = []
                 await self.waiting.until(
                     lambda k=key: not rounds.ahead(k, rank), lambda k=key: self.updates.missing(k)
                 )
@@ -226,10 +230,12 @@ class SyncMode(Mode):
             if step is not None:
                 self.marks.mark(key, rank, step, rounds[key].done)
             completed = rounds.join(key, rank, sender, seq, value, time.monotonic())
-            if self.reports.active:
-                self.reports.receipt(key, value, rank, rounds[key])
+            if watched:
+                joined.append((key, value))
             if completed:
                 complete.append(key)
+        if watched:
+            self.reports.receipts(joined, rank, in_rounds=True)
         if complete:
             self.updates.complete(complete, sender)
 
@@ -298,8 +304,7 @@ class AsyncMode(Mode):
         if fresh is not None:
             fresh.extend(k for k, _ in items)
         if self.reports.active:
-            for key, value in items:
-                self.reports.receipt(key, value, rank)
+            self.reports.receipts(items, rank, in_rounds=False)
         queued = []
         if self.shard.updater is not None:  # sliced keys: see Updates.queue
             queued = [(k, v) for k, v in items if k in self.table.sliced]

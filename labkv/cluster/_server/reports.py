@@ -32,15 +32,17 @@ class Reports:
         self.shard, self.table, self.rounds = shard, table, rounds
         self.bytes_in = self.bytes_out = 0
         self.messages = {"push": 0, "pull": 0}
-        #: the rounds changed since the bus's last flush, and those completed (with
-        #: their number and wait): sent as records at its next flush (see round)
-        self._changed: dict[Key, Round] = {}
+        #: the keys whose rounds changed since the bus's last flush (an ordered set),
+        #: and the rounds completed (their number and wait): sent as records at its
+        #: next flush (see round)
+        self._changed: dict[Key, None] = {}
         self._ended: dict[Key, tuple[int, float, list[int]]] = {}
         #: dist_ssp waits kept per key and rank ``[in all, last, pulls]`` (see clocks)
         self._waits: dict[Key, dict[int, list[Any]]] = {}
         self._clocks: dict[Key, tuple[list[int] | None, int, Clocks]] = {}
-        #: receipts only noted (key, bytes), counted at the next flush (see receipt)
-        self._received: list[tuple[Key, int]] = []
+        #: pushes only noted (their keys, bytes per key), counted at the next flush
+        #: (see receipts)
+        self._received: list[tuple[list[Key], list[int]]] = []
         bus.on_flush.append(self._send_rounds)
 
     @property
@@ -48,29 +50,36 @@ class Reports:
         """Whether anyone watches (else events are not even made)."""
         return self.bus.active
 
-    def receipt(self, key: Key, value: Any, rank: int, r: Round | None = None) -> None:
-        """Rank ``rank``'s push of ``key`` arrived (and joined the round ``r``).
-        While the bus has no detail left for pushes, the receipt is only noted
-        here (a list append) and counted at the next flush: at 64 ranks and 500
-        keys a server receives 32,000 pushes a round."""
-        if r is not None:
-            self._changed[key] = r
-        bus = self.bus
-        if bus.used_up("push"):
-            self._received.append((key, int(value.nbytes)))
+    def receipts(self, items: list[tuple[Key, Any]], rank: int, in_rounds: bool) -> None:
+        """Rank ``rank``'s push of ``items`` (key, value) arrived (and joined their
+        keys' open rounds: ``in_rounds``). While the bus has detail left for pushes,
+        a key gets a detailed event; once it has none, the rest of the push is kept
+        whole and counted at the next flush (:meth:`EventBus.counted`): at 64 ranks
+        and 500 keys a server receives 32,000 pushes of keys a round, and a push of
+        the same keys from every rank reaches the flush as columns, not key by key."""
+        if not items:
             return
-        admitted = bus.admit("push", key, int(value.nbytes), rank, self.sid)
-        if admitted:  # else only counted: bus.flush() reports it at the next tick
-            bus.emit(
-                "push",
-                key,
-                value,
-                rank=rank,
-                server=self.sid,
-                count=admitted[0],
-                nbytes=admitted[1],
-                first_piece=self.table.first_piece[key],
-            )
+        if in_rounds:
+            self._changed.update(dict.fromkeys([k for k, _ in items]))
+        bus, i = self.bus, 0
+        while i < len(items) and not bus.used_up("push"):
+            key, value = items[i]
+            i += 1
+            admitted = bus.admit("push", key, int(value.nbytes), rank, self.sid)
+            if admitted:  # else only counted: bus.flush() reports it at the next tick
+                bus.emit(
+                    "push",
+                    key,
+                    value,
+                    rank=rank,
+                    server=self.sid,
+                    count=admitted[0],
+                    nbytes=admitted[1],
+                    first_piece=self.table.first_piece[key],
+                )
+        if i < len(items):
+            rest = items[i:] if i else items
+            self._received.append(([k for k, _ in rest], [int(v.nbytes) for _, v in rest]))
 
     def annotate(self, event: dict[str, Any]) -> None:
         """Counted pushes (``bus.flush()``) say whether they are slice 0's too, so
@@ -92,7 +101,7 @@ class Reports:
         if completed is not None:  # what it was as it completed (the run may end next)
             waited = 0.0 if r.first_push is None else time.monotonic() - r.first_push
             self._ended[key] = (completed, waited, sorted(r.pending))
-        self._changed[key] = r
+        self._changed[key] = None
 
     def _send_rounds(self) -> None:
         """The bus flushes: the dist_ssp waits kept go out (one record per key),
@@ -103,8 +112,7 @@ class Reports:
         if self._waits:
             self._send_clocks()
         received, self._received = self._received, []
-        if received:
-            keys, nbytes = [k for k, _ in received], [n for _, n in received]
+        for keys, nbytes in received:
             self.bus.counted("push", keys, nbytes, self.sid)
         changed, self._changed = self._changed, {}
         ended, self._ended = self._ended, {}
@@ -114,7 +122,11 @@ class Reports:
         everyone = list(range(workers))
         rows: list[list[Any]] = []
         now = time.monotonic()
-        for key, r in changed.items():
+        rounds = self.rounds.rounds
+        for key in changed:
+            r = rounds.get(key)
+            if r is None:
+                continue
             done = ended.get(key)
             if done is not None:
                 rows.append([key, done[0], done[2], [], done[1], True])
