@@ -141,9 +141,11 @@ WRONG = {
         "momentum_weight = -(0.1 + 0.19 + 0.271)  # three pushes of 1, typed in",
     ],
     "solutions/02_2.py": [
-        "answer2 = 2  # 0.4 does not reach the threshold",
-        "answer2 = 1  # the first push's 0.2 taken to be sent at once",
-        "answer2 = 5  # the residual taken to need a whole 1.0",
+        "def pushes_to_send(g, threshold):\n    return int(threshold / abs(g))  # rounded down: 0.4 taken to reach 0.5",
+        "def pushes_to_send(g, threshold):\n    return 1  # the first push taken to be sent at once",
+        "def pushes_to_send(g, threshold):\n    return int(np.ceil(1.0 / abs(g)))  # the residual taken to need a whole 1.0",
+        "def pushes_to_send(g, threshold):\n    return int(np.ceil(threshold / g))  # a negative gradient forgotten",
+        "pushes_to_send = 3  # the case of 0.2 and 0.5 typed in",
     ],
     "solutions/03_1.py": [
         "def reducer_traffic(n, nbytes):\n    return (3 * n + 1) * nbytes  # the least traffic, not this reducer's",
@@ -155,6 +157,7 @@ WRONG = {
     "solutions/04_1.py": [
         "answer1 = 300 * 50  # not sliced",
         "answer1 = 300 * 50 * 4 // 2  # bytes, not elements",
+        "answer1 = (7500, 7500)  # both servers, not one number",
     ],
     "solutions/04_2.py": [
         "def per_server(W, S):\n    return 2 * EX_ELEMENTS * 4 * W  # the servers not counted",
@@ -173,6 +176,7 @@ WRONG = {
         "answer2 = [True] * 4  # every pull waits, as in dist_sync",
         "answer2 = [False] * 4  # no pull waits, as in dist_async",
         "answer2 = [False, True, True, True]  # the bound taken as s - 1",
+        "answer2 = True  # one boolean, not one per pull",
     ],
     "solutions/05b_1.py": [
         "answer1 = (20.0, 99.0)  # rank 1's own init taken to count",
@@ -190,23 +194,28 @@ WRONG = {
     "solutions/06_2.py": [
         "answer2 = (200, 200)  # every rank reads only its share",
         "answer2 = (200, 1200)  # the two slicings swapped",
+        "answer2 = 1200  # one number, not a pair",
     ],
     "solutions/07_1.py": [
         "answer1 = (2 * 21 * 19240, 2 * 23 * 19240)  # the padded step forgotten",
         "answer1 = (2 * 22 * 19240, 2 * 22 * 19240)  # the pulls outside the steps forgotten",
+        "answer1 = 2 * 22 * 19240  # one number, not a pair",
     ],
     "solutions/07_2.py": [
         "answer2 = (3, 3)  # the alias forgotten",
         "answer2 = (1, 1)  # zero_grad taken to zero the worker's tensor either way",
+        "answer2 = 3  # one number, not a pair",
     ],
     "solutions/08_1.py": [
         "answer1 = float((after_resume[1] - checkpoint[1])[0])  # with momentum",
         "answer1 = 0.1  # the step's sign flipped",
         "answer1 = -0.1 * 0.9  # the momentum factor applied to the first step",
+        "answer1 = (-0.1, -0.19)  # two numbers, not the step of key 1",
     ],
     "solutions/09_1.py": [
         "answer1 = [1, 2]  # the round-robin starts at the other worker",
         "answer1 = [3, 0]  # every server on the first worker",
+        "answer1 = 2  # one number, not a count per worker",
     ],
     "solutions/10_1.py": [
         "def ring_sent(W, M):\n    return (W - 1) * M / W  # the reduce-scatter only",
