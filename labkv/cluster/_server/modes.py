@@ -211,15 +211,16 @@ class SyncMode(Mode):
         items = self.intake(push)
         borrowed = h.borrowed and bool(h.big)
         rounds, complete, step = self.rounds, [], h.step
-        watched, joined = self.reports.active, []
+        # while watched, the keys and values joined (two lists: no tuple per key)
+        watched, keys, values = self.reports.active, [], []
         for key, value in items:
             if step is not None and self.marks.replayed(key, rank, step):
                 self.marks.replayed_round(rounds, key, rank, step, sender, value)
                 continue
             if rounds.ahead(key, rank):  # this rank is a round ahead: wait for the others
-                if joined:  # the keys before it are in their rounds: seen while it waits
-                    self.reports.receipts(joined, rank, in_rounds=True)
-                    joined = []
+                if keys:  # the keys before it are in their rounds: seen while it waits
+                    self.reports.receipts(keys, values, rank, in_rounds=True)
+                    keys, values = [], []
                 await self.waiting.until(
                     lambda k=key: not rounds.ahead(k, rank), lambda k=key: self.updates.missing(k)
                 )
@@ -231,11 +232,12 @@ class SyncMode(Mode):
                 self.marks.mark(key, rank, step, rounds[key].done)
             completed = rounds.join(key, rank, sender, seq, value, time.monotonic())
             if watched:
-                joined.append((key, value))
+                keys.append(key)
+                values.append(value)
             if completed:
                 complete.append(key)
         if watched:
-            self.reports.receipts(joined, rank, in_rounds=True)
+            self.reports.receipts(keys, values, rank, in_rounds=True)
         if complete:
             self.updates.complete(complete, sender)
 
@@ -304,7 +306,7 @@ class AsyncMode(Mode):
         if fresh is not None:
             fresh.extend(k for k, _ in items)
         if self.reports.active:
-            self.reports.receipts(items, rank, in_rounds=False)
+            self.reports.receipts([k for k, _ in items], [v for _, v in items], rank, False)
         queued = []
         if self.shard.updater is not None:  # sliced keys: see Updates.queue
             queued = [(k, v) for k, v in items if k in self.table.sliced]

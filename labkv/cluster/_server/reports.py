@@ -50,20 +50,20 @@ class Reports:
         """Whether anyone watches (else events are not even made)."""
         return self.bus.active
 
-    def receipts(self, items: list[tuple[Key, Any]], rank: int, in_rounds: bool) -> None:
-        """Rank ``rank``'s push of ``items`` (key, value) arrived (and joined their
+    def receipts(self, keys: list[Key], values: list[Any], rank: int, in_rounds: bool) -> None:
+        """Rank ``rank``'s push of ``values`` to ``keys`` arrived (and joined their
         keys' open rounds: ``in_rounds``). While the bus has detail left for pushes,
         a key gets a detailed event; once it has none, the rest of the push is kept
         whole and counted at the next flush (:meth:`EventBus.counted`): at 64 ranks
         and 500 keys a server receives 32,000 pushes of keys a round, and a push of
         the same keys from every rank reaches the flush as columns, not key by key."""
-        if not items:
+        if not keys:
             return
         if in_rounds:
-            self._changed.update(dict.fromkeys([k for k, _ in items]))
+            self._changed.update(dict.fromkeys(keys))
         bus, i = self.bus, 0
-        while i < len(items) and not bus.used_up("push"):
-            key, value = items[i]
+        while i < len(keys) and not bus.used_up("push"):
+            key, value = keys[i], values[i]
             i += 1
             admitted = bus.admit("push", key, int(value.nbytes), rank, self.sid)
             if admitted:  # else only counted: bus.flush() reports it at the next tick
@@ -77,9 +77,9 @@ class Reports:
                     nbytes=admitted[1],
                     first_piece=self.table.first_piece[key],
                 )
-        if i < len(items):
-            rest = items[i:] if i else items
-            self._received.append(([k for k, _ in rest], [int(v.nbytes) for _, v in rest]))
+        if i < len(keys):
+            rest = values[i:] if i else values
+            self._received.append((keys[i:] if i else keys, [v.nbytes for v in rest]))
 
     def annotate(self, event: dict[str, Any]) -> None:
         """Counted pushes (``bus.flush()``) say whether they are slice 0's too, so
@@ -119,7 +119,7 @@ class Reports:
         if not changed:
             return
         workers = self.rounds.num_workers
-        everyone = list(range(workers))
+        everyone = range(workers)
         rows: list[list[Any]] = []
         now = time.monotonic()
         rounds = self.rounds.rounds
@@ -133,7 +133,8 @@ class Reports:
             if r.pending:
                 pushed = sorted(r.pending)
                 waited = 0.0 if r.first_push is None else now - r.first_push
-                missing = sorted(set(everyone) - set(pushed))
+                pending = r.pending
+                missing = [rank for rank in everyone if rank not in pending]
                 rows.append([key, r.done, pushed, missing, waited, False])
         if len(rows) > COMPACT_AT:
             extra = {"num_workers": workers, "rounds": rows}
