@@ -17,7 +17,12 @@ shut down before the next one starts. After Run All, for each notebook:
 - a clocks panel shown on its own (``mon.show("clocks")``, notebook 05's dist_ssp
   run with a slow rank) has its rows, and the fast rank is the one that waited;
 - notebook 05: the dist_ssp run's monitor, left open, draws its timeline tab, and the
-  slow round's fan-in snapshot (rank 1 ``MISSING``) is printed.
+  slow round's fan-in snapshot (rank 1 ``MISSING``) is printed;
+- notebook 04: the server table of the S = 2 run, shown on its own, has both servers
+  with the same final bytes in and out (the S = 1 run's has one server);
+- notebook 08: the first monitor's events tab, its op filter set to ``failover``, shows
+  the failover row whole: the server's replicas now, the surviving worker's address
+  first (the one the notebook printed), not cut at the monitor's edge.
 
 Screenshots of each notebook's monitor (the keys tab, and each tab), of its page,
 and a JSON report (cells, log entries, run time) go to ``artifacts/screenshots/``
@@ -221,6 +226,38 @@ def _ssp_timeline(page, stem: str) -> dict:
     return {"plots": plots, "text": box.inner_text()[:1000]}
 
 
+#: the server tables of the parts shown on their own (``mon.show("servers")``), in
+#: page order: each table's rows, as the text of their cells
+SERVER_PARTS = """() => [...document.querySelectorAll('.labkv-part table.labkv-servers')].map(
+  t => [...t.querySelectorAll('tbody tr')].map(tr => [...tr.children].map(td => td.textContent)))"""
+
+#: the event log's rows in a monitor: the text of each row and how far (px) its cells run
+#: past the monitor's right edge, or past their own box (text cut off inside a cell)
+LOG_ROWS = """(root) => {
+  const right = root.getBoundingClientRect().right;
+  return [...root.querySelectorAll('table.labkv-log tbody tr')].filter(tr => tr.offsetWidth > 0)
+    .map(tr => ({text: tr.textContent,
+                 past: Math.max(0, ...[...tr.children].map(td => Math.max(
+                     td.getBoundingClientRect().right - right, td.scrollWidth - td.clientWidth)))}));
+}"""
+
+
+def _failover_rows(page, stem: str) -> dict:
+    """Notebook 08: the first monitor's (the replicated run's) events tab, with its op
+    filter set to ``failover`` where the tab has one; its log rows (a screenshot too)."""
+    box = page.locator(".labkv-monitor").first
+    box.scroll_into_view_if_needed()
+    box.locator(".lm-TabBar-tab", has_text="events").click()
+    page.wait_for_timeout(600)
+    select = box.locator("select", has=page.locator("option", has_text="failover"))
+    filtered = select.count() > 0
+    if filtered:
+        select.first.select_option(label="failover")
+        page.wait_for_timeout(2000)  # the kernel redraws the log at its next refresh
+    box.screenshot(path=str(ARTIFACTS / f"{stem}-failover.png"))
+    return {"filtered": filtered, "rows": box.evaluate(LOG_ROWS)}
+
+
 def _shut_down_kernels(base: str, token: str) -> None:
     """Shut every kernel of the server down (the notebook's cluster with it)."""
     url = f"{base}/api/sessions?token={token}"
@@ -284,6 +321,9 @@ def test_run_all_cells(lab, path):
             box.screenshot(path=str(ARTIFACTS / f"{stem}.png"))
         if stem.startswith("05_"):  # notebook 05: the SSP run's monitor (the last) is left open
             monitor["ssp_timeline"] = _ssp_timeline(page, stem)
+        if stem.startswith("08_"):  # notebook 08: the failover in the first monitor's log
+            monitor["failover"] = _failover_rows(page, stem)
+        monitor["server_parts"] = page.evaluate(SERVER_PARTS)
         parts = page.locator(".labkv-part")  # the parts shown alone (mon.show), last pictures
         for i in range(parts.count()):
             parts.nth(i).scroll_into_view_if_needed()
@@ -342,6 +382,27 @@ def test_run_all_cells(lab, path):
         )
         assert "MISSING" in printed, (
             "the slow round's fan-in snapshot (rank 1 MISSING) is not printed"
+        )
+    if stem.startswith("04_"):  # the S = 1 and S = 2 runs' server tables, last pictures
+        tables = monitor["server_parts"]
+        assert [len(rows) for rows in tables] == [1, 2], f"the S = 1 and S = 2 tables: {tables}"
+        s2 = tables[1]
+        assert s2[0][2:4] == s2[1][2:4] and s2[0][2] != "0 B", (
+            f"the two servers of S = 2 should end with the same bytes in and out: {s2}"
+        )
+    if stem.startswith("08_"):  # the failover row, whole, with the worker it now runs on
+        printed = "".join(
+            _text(o) for c in code for o in c["outputs"] if o["output_type"] == "stream"
+        )
+        primary = re.search(r"the primary now: (\S+)", printed).group(1)
+        rows = monitor["failover"]["rows"]
+        row = next(
+            (r for r in rows if "failover" in r["text"] and "replicas now" in r["text"]), None
+        )
+        assert row is not None, f"no failover row in the events tab: {monitor['failover']}"
+        assert primary in row["text"], (primary, row)
+        assert "(primary first)" in row["text"] and row["past"] <= 1, (
+            f"the failover row is cut off: {row}"
         )
     checks = [c for c in code if "check" in c["tags"]]
     assert checks, "no exercise check cell (tagged 'check')"
