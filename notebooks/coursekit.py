@@ -79,6 +79,53 @@ def settle(mon, until=None, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+def shown_monitor(kv):
+    """A monitor of the store ``kv`` (``labkv.widgets.monitor``), displayed under the
+    running cell, so that it changes while the cell runs (notebook 07)."""
+    from IPython.display import display
+
+    from labkv.widgets import monitor
+
+    mon = monitor(kv)
+    display(mon)
+    return mon
+
+
+def last_picture(mon, key, pulls_beyond_pushes: int, timeout: float = 20.0) -> None:
+    """Wait until the monitor ``mon`` has heard every call of a finished run, print the
+    first section of its text summary (its counts), and close it: its last picture
+    stays on the page, whole (notebook 07). The servers report the pushes and the ranks
+    their own pulls, a batch later; the run is heard in full once ``key`` shows
+    ``pulls_beyond_pushes`` more pulls than pushes (in notebook 07's ``train`` each step
+    pulls and pushes once, and each rank pulls once more before the first epoch and
+    after each one)."""
+    settle(
+        mon,
+        until=lambda m: m.keys[key].pulls == m.keys[key].pushes + pulls_beyond_pushes,
+        timeout=timeout,
+    )
+    print(mon.summary(events=0).split("\n\n")[0])
+    mon.close()
+
+
+def push_until_it_fails(kv, keys, values, every: float = 0.1, tries: int = 100):
+    """Push ``values`` to ``keys`` and pull them, every ``every`` seconds, until a call
+    raises :class:`labkv.cluster.ClusterError` (notebook 08: a server's worker was
+    killed); returns that error and the seconds it took. Raises ``TimeoutError`` when
+    ``tries`` rounds of calls all succeed."""
+    from labkv.cluster import ClusterError
+
+    started = time.monotonic()
+    for _ in range(tries):
+        try:
+            kv.push(keys, values)
+            kv.pull(keys)
+        except ClusterError as err:
+            return err, time.monotonic() - started
+        time.sleep(every)
+    raise TimeoutError(f"{tries} pushes and pulls went through: no call failed")
+
+
 def wait_for_reseed(kv, handle, events, workers: int, timeout: float = 60.0) -> None:
     """Wait until a replicated store ``kv`` seeded a new backup (a ``reseed`` among
     ``events``, the events the notebook collected) and the cluster ``handle`` has
