@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from labkv.cluster._events import ClusterBus, EventStream, rank_detail
+from labkv.cluster._events import RANK_FLUSH_S, ClusterBus, EventStream, rank_detail
 from labkv.cluster._options import StoreSpec
 from labkv.cluster._rank.store import DistStore
 from labkv.cluster._runtime.inprocess import InProcessServers
@@ -83,7 +83,9 @@ class WatchedCluster:
         wait_all([(link, link.call("streaming", on, *detail)) for link in links], "stream", 30)
         if on:
             self._streams = [
-                EventStream(kv.events, lambda batch: self.bus.receive((0.0, batch)))
+                EventStream(
+                    kv.events, lambda batch: self.bus.receive((0.0, batch)), interval=RANK_FLUSH_S
+                )
                 for kv in self.ranks
             ]
             ranks = rank_detail(self.bus, self.workers)  # as run() starts them

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._types import SYNC_KINDS, dist_kind
+from .. import _events
 from .._device import parse_server_device
 from .._errors import ClusterError
 from .._events import EventStream, rank_detail, topic_of
@@ -107,7 +108,11 @@ def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> 
 
     worker = get_worker()
     topic = topic_of(kv.store_id)
-    stream = EventStream(kv.events, lambda batch: worker.log_event(topic, batch))
+
+    def send(batch: bytes) -> None:
+        worker.log_event(topic, batch)
+
+    stream = EventStream(kv.events, send, interval=_events.RANK_FLUSH_S)
     loop = worker_loop(worker)
 
     async def start() -> None:
