@@ -192,9 +192,11 @@ WRONG = {
         "steps_per_rank = (6, 5)  # the case of 1000 samples typed in",
     ],
     "solutions/06_2.py": [
-        "answer2 = (200, 200)  # every rank reads only its share",
-        "answer2 = (200, 1200)  # the two slicings swapped",
-        "answer2 = 1200  # one number, not a pair",
+        "def reads_per_rank(N, W, B):\n    return N // W, N // W  # every rank reads only its share",
+        "def reads_per_rank(N, W, B):\n    return N // W, N  # the two slicings swapped",
+        "def reads_per_rank(N, W, B):\n    return N, W * B  # a partition taken to read one global batch",
+        "def reads_per_rank(N, W, B):\n    return N * W, N // W  # every rank's reads, not one rank's",
+        "reads_per_rank = (1200, 200)  # the case of 1200 samples and 6 ranks typed in",
     ],
     "solutions/07_1.py": [
         "answer1 = (2 * 21 * 19240, 2 * 23 * 19240)  # the padded step forgotten",
