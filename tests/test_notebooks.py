@@ -215,9 +215,11 @@ WRONG = {
         "answer1 = (-0.1, -0.19)  # two numbers, not the step of key 1",
     ],
     "solutions/09_1.py": [
-        "answer1 = [1, 2]  # the round-robin starts at the other worker",
-        "answer1 = [3, 0]  # every server on the first worker",
-        "answer1 = 2  # one number, not a count per worker",
+        "def servers_per_worker(S, n):\n    return [len(range(i, S, n)) for i in reversed(range(n))]  # the round-robin starts at the last worker",
+        "def servers_per_worker(S, n):\n    return [S] + [0] * (n - 1)  # every server on the first worker",
+        "def servers_per_worker(S, n):\n    return [S // n] * n  # the servers left over forgotten",
+        "servers_per_worker = [2, 1]  # the case of 3 servers typed in",
+        "def servers_per_worker(S, n):\n    return 2  # one number, not a count per worker",
     ],
     "solutions/10_1.py": [
         "def ring_sent(W, M):\n    return (W - 1) * M / W  # the reduce-scatter only",
