@@ -209,10 +209,11 @@ WRONG = {
         "answer2 = 3  # one number, not a pair",
     ],
     "solutions/08_1.py": [
-        "answer1 = float((after_resume[1] - checkpoint[1])[0])  # with momentum",
-        "answer1 = 0.1  # the step's sign flipped",
-        "answer1 = -0.1 * 0.9  # the momentum factor applied to the first step",
-        "answer1 = (-0.1, -0.19)  # two numbers, not the step of key 1",
+        "def step_without_states(lr, m, g):\n    return -lr * g * (1 + m)  # the saved momentum taken to come back",
+        "def step_without_states(lr, m, g):\n    return lr * g  # the step's sign flipped",
+        "def step_without_states(lr, m, g):\n    return -m * lr * g  # the momentum factor applied to the first step",
+        "def step_without_states(lr, m, g):\n    return float((after_resume[1] - checkpoint[1])[0])  # the step with the saved momentum",
+        "step_without_states = -0.1  # the case of lr 0.1 and gradient 1 typed in",
     ],
     "solutions/09_1.py": [
         "def servers_per_worker(S, n):\n    return [len(range(i, S, n)) for i in reversed(range(n))]  # the round-robin starts at the last worker",
