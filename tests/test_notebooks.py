@@ -167,10 +167,11 @@ WRONG = {
         "per_server = {c: 2 * 1_000_000 * c[0] / c[1] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}  # four values typed in",
     ],
     "solutions/05_1.py": [
-        "answer1 = (20, 20)  # pushes counted, not updater calls",
-        "answer1 = (10, 10)  # dist_async taken to have rounds too",
-        "answer1 = (20, 10)  # sync and async swapped",
-        "answer1 = 20  # one number, for dist_async only",
+        "def updater_calls(W, steps):\n    return W * steps, W * steps  # pushes counted, not updater calls",
+        "def updater_calls(W, steps):\n    return steps, steps  # dist_async taken to have rounds too",
+        "def updater_calls(W, steps):\n    return W * steps, steps  # sync and async swapped",
+        "def updater_calls(W, steps):\n    return W * steps  # one number, for dist_async only",
+        "updater_calls = (10, 20)  # the case of 2 ranks and 10 steps typed in",
     ],
     "solutions/05_2.py": [
         "answer2 = [True] * 4  # every pull waits, as in dist_sync",
