@@ -200,9 +200,11 @@ WRONG = {
         "reads_per_rank = (1200, 200)  # the case of 1200 samples and 6 ranks typed in",
     ],
     "solutions/07_1.py": [
-        "answer1 = (2 * 21 * 19240, 2 * 23 * 19240)  # the padded step forgotten",
-        "answer1 = (2 * 22 * 19240, 2 * 22 * 19240)  # the pulls outside the steps forgotten",
-        "answer1 = 2 * 22 * 19240  # one number, not a pair",
+        "def epoch_bytes(N, W):\n    steps = N // (W * 32)  # the padded step forgotten\n    return W * steps * 19240, W * (steps + 2) * 19240",
+        "def epoch_bytes(N, W):\n    steps = -(-N // (W * 32))\n    return W * steps * 19240, W * steps * 19240  # the pulls outside the steps forgotten",
+        "def epoch_bytes(N, W):\n    steps = -(-N // 32)  # the ranks forgotten in the steps\n    return W * steps * 19240, W * (steps + 2) * 19240",
+        "epoch_bytes = (2 * 22 * 19240, 2 * 24 * 19240)  # the case of 1400 images and 2 ranks typed in",
+        "def epoch_bytes(N, W):\n    return 2 * 22 * 19240  # one number, not a pair",
     ],
     "solutions/07_2.py": [
         "answer2 = (3, 3)  # the alias forgotten",
