@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ._round_records import mask_ranks
 from ._summary import summarize, summarize_sum
 from ._tally import SPENT, Columns, Tallies
 from ._trace import export_trace, to_trace
@@ -117,19 +118,30 @@ COMPACT_AT = 8
 
 def round_rows(event: Event) -> list[tuple[Key, dict[str, Any]]]:
     """``(key, extra)`` of each dist_sync round a ``round`` event reports: a
-    server's record of many keys' rounds (``key`` None, ``extra["rounds"]`` of
-    ``[key, round, pushed, missing, waited_s, complete]``), or one key's round.
+    server's record of many keys' rounds (``key`` None, ``extra["round_columns"]``
+    as :class:`labkv._round_records.RoundColumns` makes them, or ``extra["rounds"]``
+    of ``[key, round, pushed, missing, waited_s, complete]`` rows), or one key's round.
 
     >>> e = Event(0, 1.0, "dist_sync", "round", None, server=0, extra={"num_workers": 2,
     ...     "rounds": [["w", 3, [0], [1], 0.5, False], ["b", 2, [0, 1], [], 0.1, True]]})
     >>> [(key, x["round"], x["missing"], x["complete"]) for key, x in round_rows(e)]
     [('w', 3, [1], False), ('b', 2, [], True)]
+    >>> e.extra["round_columns"] = [["w"], [3], [1], [2], [0.5], [False]]; del e.extra["rounds"]
+    >>> [(key, x["pushed"], x["missing"]) for key, x in round_rows(e)]
+    [('w', [0], [1])]
     """
     x = event.extra
-    if event.key is not None or "rounds" not in x:
+    if event.key is not None:
+        return [(event.key, x)]
+    columns = x.get("round_columns")
+    if columns is not None:
+        rows = ([k, n, mask_ranks(p), mask_ranks(m), w, c] for k, n, p, m, w, c in zip(*columns))
+    elif "rounds" in x:
+        rows = x["rounds"]
+    else:
         return [(event.key, x)]
     workers = x["num_workers"]
-    return [(row[0], round_extra(row, workers)) for row in x["rounds"]]
+    return [(row[0], round_extra(row, workers)) for row in rows]
 
 
 def round_extra(row: list[Any], num_workers: int) -> dict[str, Any]:
@@ -153,7 +165,8 @@ def round_extra(row: list[Any], num_workers: int) -> dict[str, Any]:
 def per_key(event: Event) -> list[Event]:
     """``event`` as events of one key each: a server's record of many keys'
     rounds becomes one ``round`` event per key (what a trace draws)."""
-    if event.op != "round" or event.key is not None or "rounds" not in event.extra:
+    x = event.extra
+    if event.op != "round" or event.key is not None or not {"rounds", "round_columns"} & x.keys():
         return [event]
     return [dataclasses.replace(event, key=key, extra=x) for key, x in round_rows(event)]
 

@@ -158,6 +158,8 @@ class EventRows:
 def _event_value(e: Event) -> str:
     if e.op == "round":
         x = e.extra
+        if e.key is None and "round_columns" in x:  # a server's record of many keys
+            return f"rounds of {len(x['round_columns'][0])} keys"
         return f"round {x.get('round')} pushed {sorted(x.get('pushed', ()))} missing {sorted(x.get('missing', ()))}"
     if e.op in ("failover", "reseed"):
         return _group_change(e.extra)

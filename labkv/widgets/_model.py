@@ -27,6 +27,7 @@ import itertools
 import threading
 from collections import Counter, deque
 from collections.abc import Iterator
+from itertools import compress
 from typing import Any
 
 from .._types import Key
@@ -167,6 +168,10 @@ class MonitorModel:
                 clocks.fold(e)
             return
         if op == "round":
+            columns = e.extra.get("round_columns") if e.key is None else None
+            if columns is not None:
+                self._fold_round_columns(e, columns)
+                return
             for key, extra in round_rows(e):  # one key's round, or a server's record
                 if key is None:
                     continue
@@ -232,6 +237,26 @@ class MonitorModel:
             stats.last_op, stats.last_change = op, e.time
             self.changed.add(e.key)
 
+    def _fold_round_columns(self, e: Event, columns: list[list[Any]]) -> None:
+        """A server's record of many keys' rounds (:mod:`labkv._round_records`),
+        folded without a dict per key: at 64 ranks a record may hold 500 keys,
+        10 a second from each server."""
+        fanin, keys, workers, server, when = (
+            self.fanin,
+            self.keys,
+            e.extra["num_workers"],
+            e.server,
+            e.time,
+        )
+        completed = []
+        for key, number, pushed, missing, waited, complete in zip(*columns):
+            fan = fanin.get(key) or fanin.setdefault(key, FanIn(key))
+            fan.report_masks(server, when, number, workers, pushed, missing, waited, complete)
+            if complete and key in keys:
+                completed.append(key)  # the round's update is applied
+        self.changed.update(completed)
+        self.server_changed.update(completed)
+
     def _trim_timeline(self) -> None:
         """Forget the timeline's events older than ``timeline_s`` before the newest
         (in arrival order: an event that came late may stay a little longer)."""
@@ -287,6 +312,8 @@ class MonitorModel:
         keys, changing = self.keys, op in CHANGING_OPS
         on_servers = server is not None and changing
         plain = op in ("push", "pull") and not x.get("summaries")
+        if plain and self._fold_known(op, x, first, on_servers, when):
+            return
         rows = x.get("rows") or itertools.repeat(0)
         folded: list[Key] = []  # the keys a changing op folded here
         for i, ((key, count, nbytes, summary), moved) in enumerate(zip(compact_rows(e), rows)):
@@ -313,6 +340,44 @@ class MonitorModel:
         self.changed.update(folded)
         if on_servers:
             self.server_changed.update(folded)
+
+    def _fold_known(
+        self, op: str, x: dict[str, Any], first: list[bool] | None, on_servers: bool, when: float
+    ) -> bool:
+        """:meth:`_fold_record` of a push or pull record whose keys are all known
+        (the usual record of a busy run), one column at a time: False (nothing
+        done) when a key is new."""
+        key_column, counts, nbytes = x["keys"], x["counts"], x["nbytes"]
+        rows = x.get("rows")
+        if first is not None:  # a server's record: only slice 0 counts a push
+            key_column, counts, nbytes = (
+                list(compress(c, first)) for c in (key_column, counts, nbytes)
+            )
+            rows = None if rows is None else list(compress(rows, first))
+        stats = list(map(self.keys.get, key_column))
+        if None in stats:
+            return False
+        if op == "pull":
+            for s, count, n in zip(stats, counts, nbytes):
+                s.pulls += count
+                s.bytes_out += n
+            if rows and any(rows):
+                for s, moved in zip(stats, rows):
+                    s.rows_out += moved
+            return True
+        for s, count, n in zip(stats, counts, nbytes):
+            s.pushes += count
+            s.bytes_in += n
+            s.last_op, s.last_change = op, when
+        if rows and any(rows):
+            for s, moved in zip(stats, rows):
+                s.rows_in += moved
+        self.changed.update(key_column)
+        if on_servers:
+            for s in stats:
+                s.on_servers = True
+            self.server_changed.update(key_column)
+        return True
 
     def _fold_tally(
         self,

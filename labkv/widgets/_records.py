@@ -9,10 +9,13 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._round_records import mask_ranks, ranks_mask
 from .._types import Key
 from ..events import Event
 
@@ -56,17 +59,45 @@ class KeyStats:
 
 @dataclass
 class FanIn:
-    """One key's latest ``dist_sync`` round, combined over the servers holding it."""
+    """One key's latest ``dist_sync`` round, combined over the servers holding it:
+    per server ``(time, round, num_workers, pushed, missing, waited_s, complete)``,
+    the ranks as bit masks (:func:`labkv._round_records.ranks_mask`; a tuple of
+    numbers is one object the collector soon stops tracking, a dict of lists three)."""
 
     key: Key
-    per_server: dict[Any, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    per_server: dict[Any, tuple[float, int, int, int, int, float, bool]] = field(
+        default_factory=dict
+    )
     #: what current() made since the last report (a refresh reads it 4 times, and at
     #: 64 ranks x 500 keys making it was most of the fan-in tab's refresh)
     _current: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def report(self, server: Any, time: float, extra: dict[str, Any]) -> None:
         """A server's report of the key's round (``extra`` as :func:`~labkv.events.round_rows`)."""
-        self.per_server[server] = (time, extra)
+        self.report_masks(
+            server,
+            time,
+            int(extra.get("round", 0)),
+            int(extra.get("num_workers", 0)),
+            ranks_mask(extra.get("pushed", ())),
+            ranks_mask(extra.get("missing", ())),
+            float(extra.get("waited_s", 0.0)),
+            bool(extra.get("complete")),
+        )
+
+    def report_masks(
+        self,
+        server: Any,
+        time: float,
+        number: int,
+        workers: int,
+        pushed: int,
+        missing: int,
+        waited: float,
+        complete: bool,
+    ) -> None:
+        """:meth:`report`, the ranks as bit masks (a server's record of many keys)."""
+        self.per_server[server] = (time, number, workers, pushed, missing, waited, complete)
         self._current = None
 
     def current(self) -> dict[str, Any]:
@@ -78,24 +109,25 @@ class FanIn:
         return self._current
 
     def _combine(self) -> dict[str, Any]:
-        latest = max(int(extra.get("round", 0)) for _, extra in self.per_server.values())
-        now = [(t, e) for t, e in self.per_server.values() if int(e.get("round", 0)) == latest]
-        workers = max(int(e.get("num_workers", 0)) for _, e in now)
+        reports = self.per_server.values()
+        latest = max(r[1] for r in reports)
+        now = [r for r in reports if r[1] == latest]
+        workers = max(r[2] for r in now)
         # A rank has pushed a sliced key only when every server of this round has its slice.
-        pushed = set.intersection(*(set(e.get("pushed", ())) for _, e in now))
-        complete = all(bool(e.get("complete")) for _, e in now)
-        missing: set[int] = set()
+        pushed = functools.reduce(operator.and_, (r[3] for r in now))
+        complete = all(r[6] for r in now)
+        missing = 0
         if not complete:
-            missing = set().union(*(set(e.get("missing", ())) for _, e in now))
-            missing |= set(range(workers)) - pushed
+            missing = functools.reduce(operator.or_, (r[4] for r in now))
+            missing |= ranks_mask(range(workers)) & ~pushed
         return {
             "round": latest,
             "num_workers": workers,
-            "pushed": pushed,
-            "missing": missing,
-            "waited_s": max(float(e.get("waited_s", 0.0)) for _, e in now),
+            "pushed": set(mask_ranks(pushed)),
+            "missing": set(mask_ranks(missing)),
+            "waited_s": max(r[5] for r in now),
             "complete": complete,
-            "time": max(t for t, _ in now),
+            "time": max(r[0] for r in now),
         }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..._round_records import RoundColumns, ranks_mask
 from ..._types import Key
 from ...events import COMPACT_AT, EventBus, round_extra
 from ...shard import Shard
@@ -100,7 +101,7 @@ class Reports:
         lists W ranks: one per push made the server's work O(W^2) per key-round."""
         if completed is not None:  # what it was as it completed (the run may end next)
             waited = 0.0 if r.first_push is None else time.monotonic() - r.first_push
-            self._ended[key] = (completed, waited, sorted(r.pending))
+            self._ended[key] = (completed, waited, list(r.pending))
         self._changed[key] = None
 
     def _send_rounds(self) -> None:
@@ -119,8 +120,8 @@ class Reports:
         if not changed:
             return
         workers = self.rounds.num_workers
-        everyone = range(workers)
-        rows: list[list[Any]] = []
+        everyone = ranks_mask(range(workers))
+        record = RoundColumns()
         now = time.monotonic()
         rounds = self.rounds.rounds
         for key in changed:
@@ -129,18 +130,21 @@ class Reports:
                 continue
             done = ended.get(key)
             if done is not None:
-                rows.append([key, done[0], done[2], [], done[1], True])
+                record.add(key, done[0], done[2], (), done[1], True)
             if r.pending:
-                pushed = sorted(r.pending)
+                pushed = ranks_mask(r.pending)
                 waited = 0.0 if r.first_push is None else now - r.first_push
-                pending = r.pending
-                missing = [rank for rank in everyone if rank not in pending]
-                rows.append([key, r.done, pushed, missing, waited, False])
-        if len(rows) > COMPACT_AT:
-            extra = {"num_workers": workers, "rounds": rows}
+                record.keys.append(key)
+                record.numbers.append(r.done)
+                record.pushed.append(pushed)
+                record.missing.append(everyone & ~pushed)
+                record.waited.append(waited)
+                record.complete.append(False)
+        if len(record) > COMPACT_AT:
+            extra = {"num_workers": workers, "round_columns": record.columns()}
             self.bus.emit("round", None, server=self.sid, extra=extra)
             return
-        for row in rows:
+        for row in record.rows():
             self.bus.emit("round", row[0], server=self.sid, extra=round_extra(row, workers))
 
     def round_ended(self, key: Key, r: Round) -> None:
