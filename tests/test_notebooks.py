@@ -155,9 +155,11 @@ WRONG = {
         "reducer_traffic = 17 * (1920 << 20)  # one number typed in",
     ],
     "solutions/04_1.py": [
-        "answer1 = 300 * 50  # not sliced",
-        "answer1 = 300 * 50 * 4 // 2  # bytes, not elements",
-        "answer1 = (7500, 7500)  # both servers, not one number",
+        "def on_server_1(key, rows, cols):\n    return rows * cols if key % 2 else 0  # never sliced",
+        "def on_server_1(key, rows, cols):\n    return rows * cols - rows * cols // 2  # always sliced",
+        "def on_server_1(key, rows, cols):\n    n = rows * cols\n    return n // 2 if n >= 10_000 else (n if key % 2 else 0)  # the larger slice on server 0",
+        "def on_server_1(key, rows, cols):\n    n = rows * cols\n    return 4 * (n - n // 2) if n >= 10_000 else (4 * n if key % 2 else 0)  # bytes, not elements",
+        "on_server_1 = 300 * 50 // 2  # the case of (300, 50) typed in",
     ],
     "solutions/04_2.py": [
         "def per_server(W, S):\n    return 2 * EX_ELEMENTS * 4 * W  # the servers not counted",
