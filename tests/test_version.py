@@ -14,6 +14,7 @@ from pathlib import Path
 
 import labkv
 import labkv.cluster
+from labkv._round_records import RoundColumns
 from labkv.cluster._options import StoreSpec
 from labkv.cluster._protocol import entries as _entries
 from labkv.cluster._protocol import messages as _wire
@@ -30,6 +31,7 @@ FINGERPRINTS = {
     5: "e3bc54c106a79781",
     6: "8978215a5e2212da",
     7: "310d030c85ff7453",
+    8: "71e6a4b525d0a363",
 }
 
 
@@ -50,7 +52,8 @@ def wire_description() -> str:
     """What the processes of a store send each other: every message type's
     fields, every log-entry note's, every snapshot a new replica is seeded
     from, and every server method a rank or a peer calls, with its parameters;
-    each with the module it is pickled under."""
+    each with the module it is pickled under; and the columns of the round
+    records servers stream to the notebook."""
     lines = []
     for kind, module in (("message", _wire), ("note", _entries)):
         for name, obj in sorted(vars(module).items()):
@@ -60,6 +63,8 @@ def wire_description() -> str:
         fields = [f.name for f in dataclasses.fields(snapshot)]
         lines.append(f"snapshot {snapshot.__module__}.{snapshot.__qualname__}{fields}")
     lines.append(f"spec {StoreSpec.__module__} {sorted(StoreSpec.__dataclass_fields__)}")
+    # the events servers and ranks stream to the notebook: a record of many keys' rounds
+    lines.append(f"event round_columns {list(RoundColumns.__slots__)}")
     for name, method in sorted(inspect.getmembers(Server, inspect.isfunction)):
         if not name.startswith("_"):
             lines.append(f"server {name}{list(inspect.signature(method).parameters)}")
