@@ -176,10 +176,11 @@ WRONG = {
         "updater_calls = (10, 20)  # the case of 2 ranks and 10 steps typed in",
     ],
     "solutions/05_2.py": [
-        "answer2 = [True] * 4  # every pull waits, as in dist_sync",
-        "answer2 = [False] * 4  # no pull waits, as in dist_async",
-        "answer2 = [False, True, True, True]  # the bound taken as s - 1",
-        "answer2 = True  # one boolean, not one per pull",
+        "def pulls_that_wait(s):\n    return [True] * 4  # every pull waits, as in dist_sync",
+        "def pulls_that_wait(s):\n    return [False] * 4  # no pull waits, as in dist_async",
+        "def pulls_that_wait(s):\n    return [k - s >= 0 for k in range(1, 5)]  # the bound taken as s - 1",
+        "def pulls_that_wait(s):\n    return [k - s >= 2 for k in range(1, 5)]  # the bound taken as s + 1",
+        "pulls_that_wait = [False, False, True, True]  # the case of staleness 2 typed in",
     ],
     "solutions/05b_1.py": [
         "answer1 = (20.0, 99.0)  # rank 1's own init taken to count",
