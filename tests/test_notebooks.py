@@ -210,9 +210,11 @@ WRONG = {
         "def epoch_bytes(N, W):\n    return 2 * 22 * 19240  # one number, not a pair",
     ],
     "solutions/07_2.py": [
-        "answer2 = (3, 3)  # the alias forgotten",
-        "answer2 = (1, 1)  # zero_grad taken to zero the worker's tensor either way",
-        "answer2 = 3  # one number, not a pair",
+        "def sent_at_last_step(n):\n    return n, n  # the alias forgotten",
+        "def sent_at_last_step(n):\n    return 1, 1  # zero_grad taken to zero the worker's tensor either way",
+        "def sent_at_last_step(n):\n    return n, 1  # the two versions swapped",
+        "sent_at_last_step = (1, 3)  # the case of 3 steps typed in",
+        "def sent_at_last_step(n):\n    return n  # one number, not a pair",
     ],
     "solutions/08_1.py": [
         "def step_without_states(lr, m, g):\n    return -lr * g * (1 + m)  # the saved momentum taken to come back",
