@@ -183,10 +183,11 @@ WRONG = {
         "pulls_that_wait = [False, False, True, True]  # the case of staleness 2 typed in",
     ],
     "solutions/05b_1.py": [
-        "answer1 = (20.0, 99.0)  # rank 1's own init taken to count",
-        "answer1 = (99.0, 99.0)  # the pull taken to wait for rank 0's push",
-        "answer1 = (10.0, 10.0)  # the barrier taken to change nothing",
-        "answer1 = 99.0  # one number",
+        "def flag_read_by_rank_1(inits, pushed):\n    return inits[1], pushed  # rank 1's own init taken to count",
+        "def flag_read_by_rank_1(inits, pushed):\n    return pushed, pushed  # the pull taken to wait for rank 0's push",
+        "def flag_read_by_rank_1(inits, pushed):\n    return inits[0], inits[0]  # the barrier taken to change nothing",
+        "flag_read_by_rank_1 = (10.0, 99.0)  # the case of 10, 20 and 99 typed in",
+        "def flag_read_by_rank_1(inits, pushed):\n    return pushed  # one number",
     ],
     "solutions/06_1.py": [
         "def steps_per_rank(N, B, W):\n    return -(-N // B), N // B  # the ranks forgotten",
