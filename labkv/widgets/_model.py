@@ -355,7 +355,7 @@ class MonitorModel:
             )
             rows = None if rows is None else list(compress(rows, first))
         stats = list(map(self.keys.get, key_column))
-        if None in stats:
+        if not all(stats):  # a new key (None); a KeyStats is always true
             return False
         if op == "pull":
             for s, count, n in zip(stats, counts, nbytes):

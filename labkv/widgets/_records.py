@@ -101,7 +101,7 @@ class FanIn:
         self._current = None
 
     def current(self) -> dict[str, Any]:
-        """``round``, ``num_workers``, ``pushed``/``missing`` rank sets, ``waited_s``,
+        """``round``, ``num_workers``, ``pushed``/``missing`` rank sets (frozen), ``waited_s``,
         ``complete`` and ``time`` of the newest round any server reported (not to
         be changed: the same dict until the next :meth:`report`)."""
         if self._current is None:
@@ -109,26 +109,42 @@ class FanIn:
         return self._current
 
     def _combine(self) -> dict[str, Any]:
-        reports = self.per_server.values()
-        latest = max(r[1] for r in reports)
-        now = [r for r in reports if r[1] == latest]
-        workers = max(r[2] for r in now)
-        # A rank has pushed a sliced key only when every server of this round has its slice.
-        pushed = functools.reduce(operator.and_, (r[3] for r in now))
-        complete = all(r[6] for r in now)
-        missing = 0
-        if not complete:
+        reports = list(self.per_server.values())
+        if len(reports) == 1:  # a key held whole by one server
+            when, latest, workers, pushed, missing, waited, complete = reports[0]
+        else:
+            latest = max(r[1] for r in reports)
+            now = [r for r in reports if r[1] == latest]
+            workers = max(r[2] for r in now)
+            # A rank has pushed a sliced key only when every server of this round has its slice.
+            pushed = functools.reduce(operator.and_, (r[3] for r in now))
             missing = functools.reduce(operator.or_, (r[4] for r in now))
-            missing |= ranks_mask(range(workers)) & ~pushed
+            complete = all(r[6] for r in now)
+            waited, when = max(r[5] for r in now), max(r[0] for r in now)
+        missing = 0 if complete else missing | (((1 << workers) - 1) & ~pushed)
         return {
             "round": latest,
             "num_workers": workers,
-            "pushed": set(mask_ranks(pushed)),
-            "missing": set(mask_ranks(missing)),
-            "waited_s": max(r[5] for r in now),
+            "pushed": _ranks_of(pushed),
+            "missing": _ranks_of(missing),
+            "waited_s": waited,
             "complete": complete,
-            "time": max(r[0] for r in now),
+            "time": when,
         }
+
+
+#: rank sets by their mask: the keys of a run share a few (every rank; every rank
+#: but the one late), and a refresh reads every key's round
+_RANK_SETS: dict[int, frozenset[int]] = {}
+
+
+def _ranks_of(mask: int) -> frozenset[int]:
+    ranks = _RANK_SETS.get(mask)
+    if ranks is None:
+        if len(_RANK_SETS) >= 4096:
+            _RANK_SETS.clear()
+        ranks = _RANK_SETS[mask] = frozenset(mask_ranks(mask))
+    return ranks
 
 
 @dataclass
