@@ -226,6 +226,7 @@ def cluster_main(rounds: int, steps: int, workers: int = 2, keys: int = 0) -> No
 
 
 def inprocess_main(ranks: list[int], keys: int, blocks: int, rounds: int) -> None:
+    import ipywidgets
     from _watched_cluster import WatchedCluster
 
     print(f"labkv monitor overhead, in-process dist_sync: S = 4 servers, {keys} tiny keys,")
@@ -257,6 +258,11 @@ def inprocess_main(ranks: list[int], keys: int, blocks: int, rounds: int) -> Non
                 if mon is not None:
                     exact &= _counts_exact(mon, cluster, rounds + 1)
                     mon.close()
+                if name == "dashboard":
+                    # A closed monitor's widgets stay displayed (and in memory) as a
+                    # notebook's do; a notebook has one, not one per block: the heap
+                    # of old ones would make every later block's collector slower.
+                    ipywidgets.Widget.close_all()
         cluster.close()
         base, base_cpu = statistics.median(times["unwatched"]), statistics.median(cpu["unwatched"])
         print(
