@@ -34,7 +34,7 @@ from .._transport.base import Host
 from .clocks import Clocks
 from .control import Fences, Settings, first_time, go_on_without, taken
 from .keys import KeyTable, store_new_keys
-from .modes import AsyncMode, SspMode, Staging, SyncMode
+from .modes import AsyncMode, SspMode, SyncMode
 from .order import SenderOrder, UpdateQueues
 from .replication.group import Group
 from .replication.log import ReplicaLog
@@ -43,7 +43,7 @@ from .replication.null import NullLog
 from .replication.seed import Seeding, ServerSnapshot, join
 from .replication.steps import StepMarks
 from .reports import Reports
-from .rounds import SyncRounds
+from .rounds import Staging, SyncRounds
 from .updates import KeptVotes, Peers, SliceVotes, Updates
 from .waiting import Barriers, Waiters
 

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..._types import Key
 from ...compression import sum_from_wire
-from ...devices import Device, copy_into, empty
 from ...shard import Shard
 from .._device import host_copy, host_view, packed_on_host
 from .._protocol.entries import Clock
@@ -46,7 +45,7 @@ from .keys import KeyTable
 from .order import UpdateQueues
 from .replication.steps import StepMarks
 from .reports import Reports
-from .rounds import Failure, SyncRounds
+from .rounds import Failure, Staging, SyncRounds
 from .updates import KeptVotes, Updates
 from .waiting import Waiters
 
@@ -59,27 +58,6 @@ _NONE: frozenset = frozenset()
 # change the stored array in between. Big values of a rank's own sync round are
 # sent without a copy (no push can change them before that rank pushes again).
 _COPY_BELOW = 1 << 20
-
-
-class Staging:
-    """Copies of borrowed values that wait for their round: one buffer per key
-    and rank, free again once the rank's previous value of the key was applied
-    (a rank has at most one value pending per key)."""
-
-    __slots__ = ("device", "buffers")
-
-    def __init__(self, device: Device) -> None:
-        self.device = device
-        self.buffers: dict[tuple[Key, int], Any] = {}
-
-    def copy(self, key: Key, rank: int, value: Any) -> Any:
-        if getattr(value, "stype", None) == "row_sparse":
-            return value  # the rank sends a copy of its rows (labkv.cluster._rows.rank)
-        stage = self.buffers.get((key, rank))
-        if stage is None or stage.shape != value.shape or stage.dtype != value.dtype:
-            stage = self.buffers[(key, rank)] = empty(value.shape, value.dtype, self.device)
-        copy_into(stage, value)
-        return stage
 
 
 class Mode:

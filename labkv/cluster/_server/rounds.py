@@ -4,7 +4,8 @@ Per key, a server collects one push per rank into the open round; the W-th
 completes it, and the round's update runs once. An update that fails (a
 custom updater raised) is a :class:`Failure`: its exception reaches each rank
 whose push was in the round exactly once (at that rank's next pull of the
-key), and later pulls get the unchanged value, as on the local store.
+key), and later pulls get the unchanged value, as on the local store. A
+borrowed value that waits for its round is copied (:class:`Staging`).
 
 >>> r = Round()
 >>> r.join(rank=0, sender="a", seq=0, value=1.0)
@@ -29,6 +30,8 @@ from typing import Any
 
 import cloudpickle
 
+from ..._types import Key
+from ...devices import Device, copy_into, empty
 from .._errors import mark_failed_update
 
 #: Failures kept for senders that have not pulled since (per key; older ones are dropped).
@@ -261,3 +264,24 @@ class SyncRounds:
             failure = Failure(error, server, keys, untold)
             for key, g in rounds:
                 self.rounds[key].failures[g] = failure
+
+
+class Staging:
+    """Copies of borrowed values that wait for their round: one buffer per key
+    and rank, free again once the rank's previous value of the key was applied
+    (a rank has at most one value pending per key)."""
+
+    __slots__ = ("device", "buffers")
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.buffers: dict[tuple[Key, int], Any] = {}
+
+    def copy(self, key: Key, rank: int, value: Any) -> Any:
+        if getattr(value, "stype", None) == "row_sparse":
+            return value  # the rank sends a copy of its rows (labkv.cluster._rows.rank)
+        stage = self.buffers.get((key, rank))
+        if stage is None or stage.shape != value.shape or stage.dtype != value.dtype:
+            stage = self.buffers[(key, rank)] = empty(value.shape, value.dtype, self.device)
+        copy_into(stage, value)
+        return stage
