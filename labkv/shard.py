@@ -270,13 +270,19 @@ class Shard:
         return value if alike else None
 
     def _apply_optimizer(self, batch: Sequence[tuple[Key, Sequence[Any]]], owned: bool) -> None:
-        optimizer, watch = self.optimizer, self.events is not None and self.events.active
+        optimizer, events = self.optimizer, self.events
+        watch = events is not None and events.active
+        # a server's steps once the op's detail is used up: counted for the whole batch
+        counted: tuple[list[Key], list[int]] = ([], [])
         for key, values in batch:
             weight = self._dense_weight(key)
             grad = self._merged(key, values, owned)
-            admitted = watch and self.events.admit(
-                "optimizer", key, int(grad.nbytes), self.rank, self.server
-            )
+            admitted = None
+            if watch and self.server is not None and events.used_up("optimizer"):
+                counted[0].append(key)
+                counted[1].append(grad.nbytes)
+            elif watch:
+                admitted = events.admit("optimizer", key, int(grad.nbytes), self.rank, self.server)
             before = summarize(weight) if admitted else None
             with on_device(device_of(weight)):  # states and temporaries beside the weight
                 if key not in self.states:
@@ -289,6 +295,8 @@ class Shard:
                 self._emit(
                     "optimizer", key, grad, before, weight, admitted, optimizer=optimizer.name
                 )
+        if counted[0]:
+            events.counted("optimizer", *counted, self.server)
 
     def _apply_updater(self, batch: Sequence[tuple[Key, Sequence[Any]]], owned: bool) -> None:
         self.commit(self.prepare(batch, owned))
