@@ -5,7 +5,8 @@ A server's :class:`Shard` and its round bookkeeping emit ordinary
 store of each rank of ``run(fn, kvstore=kv)`` (its pushes and pulls, as the
 ranks see them). While the notebook has a subscriber, an :class:`EventStream`
 per server and per rank collects them and sends one ``Worker.log_event``
-message every ~100 ms (never one per push) on the store's topic; the
+message every ~100 ms (a rank's every :data:`RANK_FLUSH_S`; never one per push)
+on the store's topic; the
 notebook's :class:`ClusterBus` receives them through ``Client.subscribe_topic``
 and hands them to its subscribers with ``bus.deliver``, so a view cannot tell
 a cluster event from a local one.
