@@ -135,3 +135,38 @@ def test_a_dist_ssp_record_sent_after_the_run_ended_keeps_the_run_s_ranks():
     bus.flush()
     (record,) = [e for e in events if "waits" in e.extra]
     assert record.extra["clocks"] == [3, 1] and record.extra["slowest"] == [1]
+
+
+@pytest.mark.parametrize("keys", [2, COMPACT_AT + 2])
+def test_dist_sync_rounds_sent_after_the_run_ended_keep_the_run_s_ranks(keys):
+    """Rounds completed by a run of 2 ranks and reported at a flush after the run
+    ended (the notebook's store back to 1 rank: ``SyncRounds.resize``) are reported
+    with the run's 2 ranks, one key at a time and as one record: the fan-in showed
+    one rank's column after a notebook's Run All."""
+    from labkv.cluster._server.keys import KeyTable
+    from labkv.cluster._server.reports import Reports
+    from labkv.cluster._server.rounds import SyncRounds
+    from labkv.events import EventBus
+    from labkv.shard import Shard
+
+    bus = EventBus("dist_sync-s")
+    rounds = SyncRounds(2)
+    reports = Reports(0, "cpu(0)", bus, Shard(bus, server=0), KeyTable(0), rounds)
+    events, model = [], MonitorModel()
+    bus.subscribe(events.append, detail_interval=60.0, detail_burst=1)
+    for key in range(keys):
+        rounds.add(key)
+        for rank in (0, 1):
+            rounds.join(key, rank, f"r{rank}", 0, 1.0, now=0.0)
+        reports.round_ended(key, rounds[key])
+        rounds[key].finish()
+    rounds.resize(1)  # the run ends before the flush
+    bus.flush()
+    for e in events:
+        model.on_event(e)
+    model.flush()
+    reported = [x for e in events if e.op == "round" for _, x in round_rows(e)]
+    assert len(reported) == keys
+    assert all(x["num_workers"] == 2 and x["pushed"] == [0, 1] for x in reported)
+    assert all(f.current()["pushed"] == {0, 1} for f in model.fanin.values())
+    assert fanin_note(model, now=events[-1].time) == f"every round complete ({keys} keys)"

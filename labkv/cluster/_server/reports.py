@@ -34,10 +34,10 @@ class Reports:
         self.bytes_in = self.bytes_out = 0
         self.messages = {"push": 0, "pull": 0}
         #: the keys whose rounds changed since the bus's last flush (an ordered set),
-        #: and the rounds completed (their number and wait): sent as records at its
-        #: next flush (see round)
+        #: and the rounds completed (their number, wait, ranks and the run's number of
+        #: ranks): sent as records at its next flush (see round)
         self._changed: dict[Key, None] = {}
-        self._ended: dict[Key, tuple[int, float, list[int]]] = {}
+        self._ended: dict[Key, tuple[int, float, list[int], int]] = {}
         #: dist_ssp waits kept per key and rank ``[in all, last, pulls]`` (see clocks)
         self._waits: dict[Key, dict[int, list[Any]]] = {}
         self._clocks: dict[Key, tuple[list[int] | None, int, Clocks]] = {}
@@ -101,7 +101,7 @@ class Reports:
         lists W ranks: one per push made the server's work O(W^2) per key-round."""
         if completed is not None:  # what it was as it completed (the run may end next)
             waited = 0.0 if r.first_push is None else time.monotonic() - r.first_push
-            self._ended[key] = (completed, waited, list(r.pending))
+            self._ended[key] = (completed, waited, list(r.pending), self.rounds.num_workers)
         self._changed[key] = None
 
     def _send_rounds(self) -> None:
@@ -119,8 +119,10 @@ class Reports:
         ended, self._ended = self._ended, {}
         if not changed:
             return
-        workers = self.rounds.num_workers
-        everyone = ranks_mask(range(workers))
+        # the ranks of the run the rounds were made in: a run that ended before this
+        # flush has set the store back to its 1 rank (SyncRounds.resize)
+        workers = max([self.rounds.num_workers, *(done[3] for done in ended.values())])
+        everyone = ranks_mask(range(self.rounds.num_workers))
         record = RoundColumns()
         now = time.monotonic()
         rounds = self.rounds.rounds
