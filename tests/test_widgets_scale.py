@@ -165,6 +165,9 @@ def test_the_heat_map_is_keys_by_ranks_and_drawn_only_while_shown(watched):
     assert (picture[:HELD] == PUSHED).sum() == HELD * (WORKERS - 1)  # waiting first
     assert not picture[HELD:].any()  # the others complete
     assert "500 keys x 64 ranks: 42 waiting, 42 cells missing" in heat.fig.title.text
+    # the axes span the picture: rank 0 to 64 across, key rows from 500 (bottom) to 0 (top)
+    assert (heat.fig.x_range.start, heat.fig.x_range.end) == (0, WORKERS)
+    assert (heat.fig.y_range.start, heat.fig.y_range.end) == (KEYS, 0)
     assert d.plots.heat_widget.layout.display is None
     sent = d.plots.heat_widget.patches
     mon.refresh()

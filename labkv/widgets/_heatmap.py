@@ -58,7 +58,7 @@ class HeatMap:
     hidden until a round is reported, and sent only when the picture changed."""
 
     def __init__(self, widget_class: type) -> None:
-        from bokeh.models import ColumnDataSource, LinearColorMapper
+        from bokeh.models import ColumnDataSource, LinearColorMapper, Range1d
         from bokeh.plotting import figure
 
         self._seen: tuple | None = None
@@ -73,10 +73,13 @@ class HeatMap:
             y_axis_label="keys, waiting longest at the top",
             title="rounds: no dist_sync rounds",
             tooltips=[("rank", "$x{0}"), ("key row", "$y{0}")],
+            # set with each picture: ranges fitted to the data were left at 0..1 when the
+            # figure was first drawn hidden; y from the last row (bottom) to 0 (top)
+            x_range=Range1d(0, 1),
+            y_range=Range1d(1, 0),
         )
         mapper = LinearColorMapper(palette=list(COLORS), low=COMPLETE, high=MISSING)
         fig.image("image", x=0, y=0, dw="w", dh="h", source=self.source, color_mapper=mapper)
-        fig.y_range.flipped = True  # the first key at the top
         self.fig = fig
         self.widget = widget_class(fig)
         self.widget.layout.display = "none"
@@ -91,9 +94,10 @@ class HeatMap:
         self.widget.layout.display = None
         missing = int((picture == MISSING).sum())
         self.fig.title.text = (
-            f"rounds of {len(keys)} keys x {picture.shape[1]} ranks: {waiting} waiting, "
-            f"{missing} cells missing (red), pushed (green), complete (grey)"
+            f"{len(keys)} keys x {picture.shape[1]} ranks: {waiting} waiting, "
+            f"{missing} cells missing\nred missing, green pushed, grey complete"
         )
         rows, cols = picture.shape
-        # the y axis is flipped: the image's row 0, drawn at y = 0, is at the top
+        self.fig.x_range.end, self.fig.y_range.start = cols, rows
+        # the y axis runs down: the image's row 0, drawn at y = 0, is at the top
         self.source.data = {"image": [picture], "w": [cols], "h": [rows]}
