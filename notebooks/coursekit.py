@@ -203,3 +203,57 @@ def summary_section(summary: str, title: str) -> str:
         if found:
             lines.append(line)
     return "\n".join(lines) if found else f"(no {title!r} section in the summary)"
+
+
+# -- PyTorch's DistributedDataParallel, for comparison (notebook 07) ---------------------------
+
+
+def course_mlp(seed: int = 0):
+    """Notebook 07's torch network (64-64-10), its weights drawn after ``torch.manual_seed(seed)``."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+def ddp_weights(x, y, steps: int, lr: float, momentum: float, batch: int, world_size: int = 2):
+    """Train :func:`course_mlp` with PyTorch's ``DistributedDataParallel``: ``world_size``
+    processes on this machine (the ``gloo`` backend over 127.0.0.1), rank r on rows
+    r, r + world_size, ... of each global batch of ``batch`` samples, SGD with
+    ``momentum``; the parameters after ``steps`` steps (rank 0's: every rank's are the
+    same), by name."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:  # a free port for the ranks to meet on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    args = (world_size, port, x, y, steps, lr, momentum, batch, results)
+    mp.start_processes(_ddp_rank, args=args, nprocs=world_size, start_method="spawn")
+    return results.get()
+
+
+def _ddp_rank(rank, world_size, port, x, y, steps, lr, momentum, batch, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        model = course_mlp()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum)
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        for step in range(steps):
+            rows = slice(step * batch + rank, (step + 1) * batch, world_size)
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x[rows]), y[rows]).backward()  # all-reduced
+            optimizer.step()
+        if rank == 0:
+            results.put({n: p.detach().numpy().copy() for n, p in model.named_parameters()})
+    finally:
+        dist.destroy_process_group()
