@@ -351,6 +351,8 @@ def test_run_all_cells(lab, path):
     assert not noise, f"error or stderr output in cells: {noise}"
     bad_logs = [e for e in logs if e["level"] in ("warning", "error", "critical")]
     assert not bad_logs, f"{len(bad_logs)} log console entries, first: {bad_logs[:3]}"
+    # every notebook runs top to bottom in under a minute on 2 cores (its first cell says so)
+    assert seconds < 60, f"Run All took {seconds:.0f} s"
     if _shows_monitor(path):
         assert monitor["shown"] >= 1, f"no monitor on the page after Run All: {monitor}"
         assert monitor["keys"] >= 1, f"the monitor's keys table is empty: {monitor}"
