@@ -31,7 +31,8 @@ from .events import EventBus
 from .sparse import RowSparseArray, sum_rows
 
 Items = list[tuple[Key, list[Any]]]
-_ARRAYS, _FIRST = itemgetter(1), itemgetter(0)  # an item's arrays; the first of them
+#: an item's key, its arrays; the first of those
+_KEY, _ARRAYS, _FIRST = itemgetter(0), itemgetter(1), itemgetter(0)
 
 
 class Reporting:
@@ -127,11 +128,11 @@ class Reporting:
     def _keys_and_bytes(self, items: Items) -> tuple[list[Key], list[int]]:
         """The keys of a call of many keys, and the bytes of each key's arrays, made
         with C loops (this runs on every watched call, of up to hundreds of keys)."""
-        keys = list(map(itemgetter(0), items))
+        keys = list(map(_KEY, items))
         nbytes = list(map(self._sizes.get, keys))
         if None in nbytes:
             nbytes = [self._nbytes(k) for k in keys]
-        arrays = list(map(len, map(itemgetter(1), items)))
+        arrays = list(map(len, map(_ARRAYS, items)))
         if arrays.count(1) != len(arrays):
             nbytes = list(map(operator.mul, nbytes, arrays))
         return keys, nbytes

@@ -78,10 +78,16 @@ class RoundColumns:
         waited: float,
         complete: bool,
     ) -> None:
+        self.add_masks(key, number, ranks_mask(pushed), ranks_mask(missing), waited, complete)
+
+    def add_masks(
+        self, key: Key, number: int, pushed: int, missing: int, waited: float, complete: bool
+    ) -> None:
+        """:meth:`add`, the ranks already as masks."""
         self.keys.append(key)
         self.numbers.append(number)
-        self.pushed.append(ranks_mask(pushed))
-        self.missing.append(ranks_mask(missing))
+        self.pushed.append(pushed)
+        self.missing.append(missing)
         self.waited.append(waited)
         self.complete.append(complete)
 

@@ -79,8 +79,7 @@ class Reports:
                     first_piece=self.table.first_piece[key],
                 )
         if i < len(keys):
-            rest = values[i:] if i else values
-            self._received.append((keys[i:] if i else keys, [v.nbytes for v in rest]))
+            self._received.append((keys[i:], [v.nbytes for v in values[i:]]))
 
     def annotate(self, event: dict[str, Any]) -> None:
         """Counted pushes (``bus.flush()``) say whether they are slice 0's too, so
@@ -122,7 +121,7 @@ class Reports:
         # the ranks of the run the rounds were made in: a run that ended before this
         # flush has set the store back to its 1 rank (SyncRounds.resize)
         workers = max([self.rounds.num_workers, *(done[3] for done in ended.values())])
-        everyone = ranks_mask(range(self.rounds.num_workers))
+        everyone = (1 << self.rounds.num_workers) - 1  # a bit per rank
         record = RoundColumns()
         now = time.monotonic()
         rounds = self.rounds.rounds
@@ -136,12 +135,7 @@ class Reports:
             if r.pending:
                 pushed = ranks_mask(r.pending)
                 waited = 0.0 if r.first_push is None else now - r.first_push
-                record.keys.append(key)
-                record.numbers.append(r.done)
-                record.pushed.append(pushed)
-                record.missing.append(everyone & ~pushed)
-                record.waited.append(waited)
-                record.complete.append(False)
+                record.add_masks(key, r.done, pushed, everyone & ~pushed, waited, False)
         if len(record) > COMPACT_AT:
             extra = {"num_workers": workers, "round_columns": record.columns()}
             self.bus.emit("round", None, server=self.sid, extra=extra)
