@@ -15,6 +15,8 @@ LEVELS = {"_runtime": 3, "_rank": 2, "_server": 2, "_transport": 1, "base": 0}
 DASK_ROOMS = ("labkv.cluster._runtime.", "labkv.cluster.__init__")
 DASK_MODULES = {
     "labkv.cluster._transport.dask",
+    "labkv.cluster._transport.framing",
+    "labkv.cluster._transport.sockets",
     "labkv.cluster._transport.stream",
 }
 DASK = {"distributed", "dask", "tornado"}

@@ -251,7 +251,7 @@ def _store_through_rounds(handle):
     return kv, primary, backup
 
 
-@pytest.mark.parametrize("framing", ["messages", "frames"])
+@pytest.mark.parametrize("framing", ["messages", "iostream", "frames"])
 def test_both_framings_carry_big_and_small_values_and_log_entries(handle, framing):
     handle.client.run(_set_framing, framing)
     _set_framing(framing)
@@ -259,7 +259,8 @@ def test_both_framings_carry_big_and_small_values_and_log_entries(handle, framin
     try:
         kv, primary, backup = _store_through_rounds(handle)
         try:
-            wires = {"messages": "_Messages", "frames": "_Frames"}[framing]
+            wires = {"messages": "_Messages", "iostream": "_Frames", "frames": "SocketFrames"}
+            wires = wires[framing]
             assert _run_on(handle, _stream_framings, backup) == [wires]
         finally:
             kv.close()
@@ -278,7 +279,7 @@ def test_the_worker_end_frames_a_stream_as_its_caller_chose(handle):
     try:
         kv, primary, backup = _store_through_rounds(handle)
         try:
-            assert "_Frames" in _run_on(handle, _stream_framings, primary)  # the notebook's
+            assert "SocketFrames" in _run_on(handle, _stream_framings, primary)  # the notebook's
             assert "_Messages" in _run_on(handle, _stream_framings, backup)  # the primary's
         finally:
             kv.close()

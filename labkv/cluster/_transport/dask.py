@@ -159,10 +159,11 @@ class ActorLink(ServerLink):
 
 
 class StreamLink(ServerLink):
-    """Calls on a stream (:mod:`.stream`): each call is handed to ``loop`` (a
-    rank's worker's, or the notebook client's) with ``call_soon_threadsafe``,
-    which writes it to the loop's stream to the worker without a task; its
-    reply settles the call's ``concurrent.futures.Future``, whose result is
+    """Calls on a stream (:mod:`.stream`) of ``loop`` (a rank's worker's, or
+    the notebook client's): each call is written from the caller's thread when
+    the stream is open on a socket any thread may write (``tcp://``), else handed
+    to the loop with ``call_soon_threadsafe`` and written there without a task;
+    its reply settles the call's ``concurrent.futures.Future``, whose result is
     read without another hand-off. ``actor``: the server's ``Actor``
     handle, when the caller has one (its task's status tells a loss early);
     ``client``: the notebook's Dask client (a lost scheduler is named first)."""
@@ -186,10 +187,8 @@ class StreamLink(ServerLink):
         # in the caller's thread, and only sending it is handed to the loop.
         self.raise_if_lost()
         future: concurrent.futures.Future = concurrent.futures.Future()
-        where = (self.connection_args, self.address, self.actor_key)
-        self.loop.call_soon_threadsafe(
-            _stream.start, *where, method, _encoded(method, args), future
-        )
+        where = (self.loop, self.connection_args, self.address, self.actor_key)
+        _stream.send(*where, method, _encoded(method, args), future)
         return future
 
     def lost(self) -> str | None:

@@ -18,17 +18,12 @@ directly. On a stream a call is one message each way: a request
 "no such server on the worker"), matched by a sequence number, so any number of
 calls may be in flight at once.
 
-How a message is framed depends on the comm. On ``tcp://`` and ``tls://`` (Dask's TCP
-comms, whose socket is a tornado ``IOStream``, TLS included) both ends write their own
-frames on the comm's stream once the hello is through (:class:`_Frames`): a fixed
-header (sequence number, kind, body bytes, buffer count), the buffers' sizes, the
-body pickled with protocol 5, then each out-of-band buffer (a numpy array's memory,
-never copied) as it is. That skips Dask's per-message work (msgpack, the frames
-header, serialisation dispatch per argument), which cost about a third of a tiny
-call's round trip here. On any other comm (``ucxx://``, ``ws://``, ``inproc://``)
-messages go through ``comm.write``/``comm.read`` (:class:`_Messages`), with
-arguments serialised as Dask does. Either way the bytes travel on Dask's connection,
-under its TLS and authentication.
+How a message is framed depends on the comm (:mod:`.framing`): on ``tcp://``
+both ends read and write their own frames on the comm's socket itself, taken
+from tornado once the hello is answered; on ``tls://`` the same frames go
+through the comm's ``IOStream``; on any other comm (``ucxx://``, ``ws://``,
+``inproc://``) messages go through ``comm.write``/``comm.read``. Either way the
+bytes travel on Dask's connection, under its TLS and authentication.
 
 The worker end runs each request as its own task (a pull may wait for other
 ranks' pushes while later calls are answered), and only names of the server's
@@ -41,111 +36,28 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import struct
+import threading
 import weakref
 from typing import Any
-
-import numpy as np
 
 from .._errors import portable
 from .._protocol.methods import method as _method
 from .._tasks import TaskGroup
+from . import framing as _framing
+from .framing import Wire
 
 #: The worker handler at the far end of every stream.
 HANDLER = "labkv_stream"
-#: What Dask may serialise a call's arguments and results with.
-SERIALIZERS = ("dask", "pickle")
 
 
 class ServerGone(OSError):
     """The worker has no server of that actor key (released, or never there)."""
 
 
-# -- the two ways a message is framed -----------------------------------------------------
 REQUEST, RESULT, ERROR, GONE = 0, 1, 2, 3  # what a message is
-
-
-class _Frames:
-    """Messages as raw frames on a Dask TCP comm's own ``IOStream`` (see module doc)."""
-
-    HEAD = struct.Struct("<QBIH")  # sequence number, kind, body bytes, buffer count
-
-    def __init__(self, comm: Any):
-        self.comm, self.io = comm, comm.stream
-
-    def send(self, seq: int, kind: int, value: Any) -> None:
-        from distributed.protocol import pickle
-
-        buffers: list = []
-        body = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-        raws = [b.raw() for b in buffers]
-        sizes = struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
-        io = self.io
-        io.write(self.HEAD.pack(seq, kind, len(body), len(raws)) + sizes + body)
-        for raw in raws:  # the arrays' memory itself, without a copy
-            io.write(raw)
-
-    async def receive(self) -> tuple[int, int, Any]:
-        from distributed.protocol import pickle
-
-        io = self.io
-        seq, kind, nbody, nbuffers = self.HEAD.unpack(await io.read_bytes(self.HEAD.size))
-        rest = await io.read_bytes(8 * nbuffers + nbody)
-        sizes = struct.unpack_from(f"<{nbuffers}Q", rest)
-        buffers = []
-        for size in sizes:
-            buffer = np.empty(size, np.uint8)
-            await io.read_into(memoryview(buffer))
-            buffers.append(buffer)
-        return seq, kind, pickle.loads(memoryview(rest)[8 * nbuffers :], buffers=buffers)
-
-
-class _Messages:
-    """Messages through ``comm.write``/``comm.read`` (any Dask comm)."""
-
-    def __init__(self, comm: Any):
-        self.comm = comm
-        self.writing: set = set()
-
-    def send(self, seq: int, kind: int, value: Any) -> None:
-        from distributed.protocol import Serialized, serialize
-
-        # serialised now, so that a value that cannot be raises here, not in the write
-        header, frames = serialize(value, serializers=SERIALIZERS, on_error="raise")
-        message = {"i": seq, "t": kind, "v": Serialized(header, frames)}
-        write = asyncio.ensure_future(self.comm.write(message, serializers=SERIALIZERS))
-        self.writing.add(write)  # kept until written; a broken comm shows in the read
-        write.add_done_callback(self._written)
-
-    def _written(self, write: asyncio.Future) -> None:
-        self.writing.discard(write)
-        if not write.cancelled() and write.exception() is not None:
-            self.comm.abort()
-
-    async def receive(self) -> tuple[int, int, Any]:
-        message = await self.comm.read()
-        return message["i"], message["t"], message["v"]
-
-
-def _framing(comm: Any) -> str:
-    """How the caller frames a new stream: ``'frames'`` on a Dask TCP comm
-    (``tcp://``, ``tls://``), else ``'messages'``; its hello tells the worker."""
-    from distributed.comm.tcp import TCP
-
-    return "frames" if isinstance(comm, TCP) and _setting() == "frames" else "messages"
-
-
-def _setting() -> str:
-    """Dask config ``labkv.stream-framing``: ``'frames'`` (the default) or
-    ``'messages'``, which makes every stream use ``comm.write``/``comm.read`` (to
-    compare the two, and to test the path of the other comms on TCP)."""
-    import dask
-
-    return dask.config.get("labkv.stream-framing", "frames")
-
-
-def _wire(comm: Any, framing: str) -> _Frames | _Messages:
-    return _Frames(comm) if framing == "frames" else _Messages(comm)
+#: The worker's answer to a hello of ``'socket'`` framing: after it, neither end's
+#: tornado holds a byte of the stream (see :func:`.framing._take_socket`).
+READY = "ready"
 
 
 # -- the worker's end --------------------------------------------------------------------
@@ -182,19 +94,29 @@ class _Service:
     async def serve(self, comm: Any, framing: str = "messages", **hello: Any) -> None:
         """Answer every request on ``comm`` until it closes (Dask passes the
         comm to a handler whose first parameter is named ``comm``), framed as
-        the caller's hello says (the caller chose, see :func:`_framing`)."""
-        wire = _wire(comm, framing)
+        the caller's hello says (the caller chose, see :func:`.framing.framing_of`)."""
+        if framing == "socket":
+            await comm.write(READY)
+        wire = _framing.wire(comm, framing)
+        ended = asyncio.get_running_loop().create_future()
+
+        def deliver(seq: int, kind: int, request: Any) -> None:
+            self.tasks.spawn(self._answer(wire, seq, request))
+
+        def closed(error: BaseException) -> None:
+            if not ended.done():
+                ended.set_result(None)
+
         self.wires.add(wire)
         try:
-            while True:
-                seq, _, request = await wire.receive()
-                self.tasks.spawn(self._answer(wire, seq, request))
-        except (OSError, asyncio.CancelledError):
-            pass  # the caller closed its end, or this worker closes
+            wire.start(deliver, closed, self.tasks)
+            await ended  # until the caller closes its end, or this worker closes
+        except asyncio.CancelledError:
+            comm.abort()
         finally:
             self.wires.discard(wire)
 
-    async def _answer(self, wire: _Frames | _Messages, seq: int, request: tuple) -> None:
+    async def _answer(self, wire: Wire, seq: int, request: tuple) -> None:
         actor_key, method, args = request
         try:
             name = _method(method).name  # only a server's remote methods
@@ -209,7 +131,7 @@ class _Service:
         _reply(wire, seq, kind, value)
 
 
-def _reply(wire: _Frames | _Messages, seq: int, kind: int, value: Any) -> None:
+def _reply(wire: Wire, seq: int, kind: int, value: Any) -> None:
     """Send the answer; one that cannot be pickled is answered as that error; a
     closed comm has nobody left to tell."""
     if wire.comm.closed():
@@ -231,10 +153,11 @@ class Stream:
     def __init__(self, address: str, connection_args: dict):
         self.address, self.connection_args = address, connection_args
         self.comm: Any = None
-        self.wire: _Frames | _Messages | None = None
+        self.wire: Wire | None = None
         self.opening: asyncio.Lock | None = None
         self.pending: dict[int, Any] = {}  # asyncio or concurrent futures, by seq
         self.next_seq = 0
+        self.numbering = threading.Lock()  # calls may be sent from other threads too
         self.readers = TaskGroup()
         self.reachable: bool | None = None  # whether the notebook could open it (see dask.reaches)
 
@@ -249,12 +172,11 @@ class Stream:
         finally:
             self.pending.pop(seq, None)
 
-    def _send(
-        self, wire: _Frames | _Messages, actor_key: str, method: str, args: list, reply: Any
-    ) -> int:
+    def _send(self, wire: Wire, actor_key: str, method: str, args: list, reply: Any) -> int:
         """Write the request, its reply to settle ``reply``; its sequence number."""
-        seq, self.next_seq = self.next_seq, self.next_seq + 1
-        self.pending[seq] = reply
+        with self.numbering:
+            seq, self.next_seq = self.next_seq, self.next_seq + 1
+            self.pending[seq] = reply
         try:
             wire.send(seq, REQUEST, (actor_key, method, args))
         except BaseException:
@@ -262,7 +184,7 @@ class Stream:
             raise
         return seq
 
-    async def open(self, timeout: float | None = None) -> _Frames | _Messages:
+    async def open(self, timeout: float | None = None) -> Wire:
         """The open comm's wire, connected first when there is none (or it broke)."""
         if self.opening is None:
             self.opening = asyncio.Lock()
@@ -273,10 +195,15 @@ class Stream:
                 comm = await connect(
                     self.address, timeout=timeout, name="labkv stream", **self.connection_args
                 )
-                framing = _framing(comm)
+                framing = _framing.framing_of(comm)
                 await comm.write({"op": HANDLER, "reply": False, "framing": framing})
-                self.comm, self.wire = comm, _wire(comm, framing)
-                self.readers.spawn(_read_replies(self.wire, self.pending, self.address))
+                # on the socket, nothing more is written before the worker is ready
+                if framing == "socket" and await comm.read() != READY:
+                    raise OSError(f"the worker at {self.address} did not take the stream")
+                wire = _framing.wire(comm, framing)
+                deliver, closed = _replies(self.pending, self.address)
+                wire.start(deliver, closed, self.readers)
+                self.comm, self.wire = comm, wire
         return self.wire
 
     def start(
@@ -293,32 +220,53 @@ class Stream:
         try:
             self._send(wire, actor_key, method, args, future)
         except BaseException as exc:
-            future.set_exception(exc)
+            _fail(future, exc)
+
+    def send_here(
+        self, actor_key: str, method: str, args: list, future: concurrent.futures.Future
+    ) -> bool:
+        """:meth:`start` from the calling thread itself, when the stream is open
+        on a wire any thread may write; whether it was (else nothing was done)."""
+        wire = self.wire
+        if wire is None or not wire.any_thread or self.comm.closed():
+            return False
+        try:
+            self._send(wire, actor_key, method, args, future)
+        except BaseException as exc:
+            _fail(future, exc)
+        return True
 
 
-async def _read_replies(
-    wire: _Frames | _Messages, pending: dict[int, asyncio.Future], address: str
-) -> None:
-    """Hand each reply to its call; when the comm closes, fail the calls still
-    waiting (a function, not a method: this task must not keep its
-    :class:`Stream` alive)."""
+def _fail(future: Any, error: BaseException) -> None:
+    """Fail ``future`` unless it is already done (the comm's end may have failed it)."""
     try:
-        while True:
-            seq, kind, value = await wire.receive()
-            future = pending.pop(seq, None)
-            if future is None or future.done():
-                continue
-            if kind == RESULT:
-                future.set_result(value)
-            elif kind == ERROR:
-                future.set_exception(value)
-            else:
-                future.set_exception(ServerGone(value))
-    except (OSError, asyncio.CancelledError) as exc:
-        wire.comm.abort()
+        if not future.done():
+            future.set_exception(error)
+    except (concurrent.futures.InvalidStateError, asyncio.InvalidStateError):
+        pass
+
+
+def _replies(pending: dict[int, Any], address: str) -> tuple:
+    """The ``(deliver, closed)`` of a caller's wire: each reply settles its call's
+    future; when the comm closes, the calls still waiting fail with ``OSError``
+    (functions, not methods: the wire must not keep its :class:`Stream` alive)."""
+
+    def deliver(seq: int, kind: int, value: Any) -> None:
+        future = pending.pop(seq, None)
+        if future is None or future.done():
+            return
+        if kind == RESULT:
+            future.set_result(value)
+        elif kind == ERROR:
+            future.set_exception(value)
+        else:
+            future.set_exception(ServerGone(value))
+
+    def closed(error: BaseException) -> None:
         for future in list(pending.values()):
-            if not future.done():
-                future.set_exception(OSError(f"the stream to {address} closed: {exc!r}"))
+            _fail(future, OSError(f"the stream to {address} closed: {error!r}"))
+
+    return deliver, closed
 
 
 _STREAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> {address: Stream}
@@ -357,6 +305,23 @@ def start(
     in another thread: called on the loop (``loop.call_soon_threadsafe``), its
     outcome settles ``future``."""
     stream_to(address, connection_args).start(actor_key, method, args, future)
+
+
+def send(
+    loop: asyncio.AbstractEventLoop,
+    connection_args: dict,
+    address: str,
+    actor_key: str,
+    method: str,
+    args: list,
+    future: concurrent.futures.Future,
+) -> None:
+    """:func:`start` for a caller in any thread: the request is written from
+    this thread when ``loop``'s stream to ``address`` is open on a socket any
+    thread may write (no hand-off to the loop), else handed to the loop."""
+    stream = _STREAMS.get(loop, {}).get(address)
+    if stream is None or not stream.send_here(actor_key, method, args, future):
+        loop.call_soon_threadsafe(start, connection_args, address, actor_key, method, args, future)
 
 
 async def call(connection_args: dict, address: str, actor_key: str, method: str, args: list) -> Any:
