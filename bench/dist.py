@@ -1,7 +1,7 @@
 """Benchmark of the dist_sync store against a raw Dask echo and MXNet, measured in one run.
 
     python bench/dist.py [--quick] [--dask-malloc] [--only=16MiB x1,tiny] [--repeats=3]
-        [--mxnet=/path/to/mxnet-venv/bin/python] [--field]
+        [--mxnet=/path/to/mxnet-venv/bin/python] [--field] [--before]
 
 W = 2 ranks (``labkv.cluster.run``) on an embedded 2-worker LocalCluster, with
 S = 1 and S = 2 servers, each also with ``replicas=2`` (every server's backup on
@@ -27,6 +27,9 @@ in the field meets: the notebook's own store (rank 0 of 1) on a tiny key, the
 barrier with 2, 4 and 8 ranks (an 8-worker cluster on however many cores), and
 the tiny and 16 MiB cases on a ``tls://`` cluster with its own certificates
 against ``tcp://`` (made with the ``openssl`` command), alternated.
+``--before`` also runs every case, right before each of its S = 1 and S = 2 runs,
+with the streams' frames written through tornado's ``IOStream`` (the transport
+before the streams wrote the socket themselves) and prints both.
 A benchmark, not a test: it prints tables, it asserts nothing. dist_ssp against
 dist_async, per call with no pull waiting, is ``bench/ssp.py``.
 """
@@ -63,7 +66,7 @@ def _install_stream(dask_worker):
 
 def _stream_echo(address, actor_key, nbytes, iters):
     """The same echo on labkv's stream (``labkv.cluster._transport.stream``), from
-    the task's thread as a rank calls: handed to the worker's loop, written there."""
+    the task's thread as a rank calls (written from the thread once the stream is open)."""
     import concurrent.futures
 
     from distributed import get_worker
@@ -76,8 +79,7 @@ def _stream_echo(address, actor_key, nbytes, iters):
 
     def once():
         future = concurrent.futures.Future()
-        where = (worker.connection_args, address, actor_key)
-        loop.call_soon_threadsafe(stream.start, *where, "peek", [data], future)
+        stream.send(loop, worker.connection_args, address, actor_key, "peek", [data], future)
         return future.result()
 
     once()
@@ -121,6 +123,25 @@ def _handler_echo(address, nbytes, iters):
     for _ in range(iters):
         sync(worker.loop, once)
     return (time.perf_counter() - t) / iters
+
+
+def _set_framing(value, dask_worker=None):
+    """``labkv.stream-framing`` in this process (or on a worker); every stream
+    into the worker is broken, so that each is opened again framed so."""
+    import dask
+
+    dask.config.set({"labkv.stream-framing": value})
+    if dask_worker is not None:
+        handler = dask_worker.handlers.get("labkv_stream")
+        for wire in list(getattr(getattr(handler, "__self__", None), "wires", ())):
+            wire.comm.abort()
+
+
+def _framed(handle, value: str) -> None:
+    """Every stream of the cluster framed as ``value`` from now on (see ``_set_framing``)."""
+    _set_framing(value)
+    handle.client.run(_set_framing, value)
+    time.sleep(0.2)  # the callers see their streams end before the next call
 
 
 def _ranks(kv, case, iters):
@@ -393,6 +414,7 @@ def main(
     only: list[str] | None = None,
     mxnet_python: str | None = None,
     field: bool = False,
+    before: bool = False,
 ) -> None:
     from labkv.cluster import run
 
@@ -421,8 +443,9 @@ def main(
                 client, a, _stream_echo, b, actor.key, nbytes, iters // scale
             )
         cases = [(case, _CASES[case]) for case in names]
-        rows, replicated = [], {}
+        rows, replicated, iostream = [], {}, {}
         for case, iters in cases:
+            before_times: dict[int, list[float]] = {1: [], 2: []}
             times: dict[int, list[float]] = {1: [], 2: []}
             ratios: dict[int, list[float]] = {1: [], 2: []}
             faults: dict[int, list[float]] = {1: [], 2: []}
@@ -435,6 +458,18 @@ def main(
                 echo = client.submit(
                     _actor_echo, actor, nbytes, echo_iters // scale, workers=[a], pure=False
                 ).result()
+                if before:  # the same through tornado's IOStream, right before
+                    _framed(handle, "iostream")
+                    for servers in (1, 2):
+                        per_rank = run(
+                            _ranks,
+                            num_workers=2,
+                            num_servers=servers,
+                            cluster=handle,
+                            args=(case, max(5, iters // scale)),
+                        )
+                        before_times[servers].append(max(t for t, _, _ in per_rank))
+                    _framed(handle, "frames")
                 for servers in (1, 2):
                     per_rank = run(
                         _ranks,
@@ -460,6 +495,8 @@ def main(
                     )
                     with_replicas[servers].append(max(t for t, _, _ in per_rank))
             replicated[case] = {n: median(ts) for n, ts in with_replicas.items()}
+            if before:
+                iostream[case] = {n: median(ts) for n, ts in before_times.items()}
             rows.append(
                 (
                     case,
@@ -523,6 +560,21 @@ def main(
             f"{case:<12}{t1 * 1e3:>10.2f}{t2 * 1e3:>10.2f}{r1:>12.2f}{r2:>12.2f}"
             f"{t1 / dflt:>12.2f}{t2 / dflt:>12.2f}"
         )
+    if iostream:
+        print()
+        print(
+            "before / after: the same frames through tornado's IOStream (labkv.stream-framing:\n"
+            "iostream, the transport before) against the socket itself, run alternately (ms):"
+        )
+        print(
+            f"{'case':<12}{'before S=1':>11}{'S=2':>8}{'after S=1':>11}{'S=2':>8}{'after/before':>14}"
+        )
+        for case, t1, t2, *_ in rows:
+            b1, b2 = iostream[case][1], iostream[case][2]
+            print(
+                f"{case:<12}{b1 * 1e3:>11.2f}{b2 * 1e3:>8.2f}{t1 * 1e3:>11.2f}{t2 * 1e3:>8.2f}"
+                f"{t1 / b1:>8.2f} /{t2 / b2:>5.2f}"
+            )
     print()
     print("replicas = 2 (each server's backup on the other worker), ms and ratio to replicas = 1:")
     print(f"{'case':<12}{'S=1 R=2':>10}{'S=2 R=2':>10}{'S=1 R2/R1':>11}{'S=2 R2/R1':>11}")
@@ -578,4 +630,5 @@ if __name__ == "__main__":
         only=options["only"].split(",") if "only" in options else None,
         mxnet_python=options.get("mxnet"),
         field="--field" in sys.argv,
+        before="--before" in sys.argv,
     )

@@ -120,10 +120,13 @@ def test_messages_of_every_size_arrive_whole_and_in_order(comm, tmp_path):
     _run(test)
 
 
-def test_sends_from_many_threads_each_arrive_once_in_each_threads_order():
-    # on tcp:// only: a TLS wire is written from its loop alone (any_thread is false)
+@pytest.mark.parametrize("comm", ["tcp", "tls"])
+def test_sends_from_many_threads_each_arrive_once_in_each_threads_order(comm, tmp_path):
+    tls = _security(tmp_path) if comm == "tls" else None
+
     async def test() -> None:
-        (a, b), (_, inbox), listener, keep = await _socket_pair()
+        (a, b), (_, inbox), listener, keep = await _socket_pair(tls)
+        b.send(0, 9, np.ones(1 << 20, np.uint8))  # read by a while the threads write
         threads, per_thread = 4, 300
 
         def sender(t: int) -> None:

@@ -85,6 +85,9 @@ class SocketFrames:
     what it does not take is written by the loop's writer callback. ``lock``
     keeps the writes whole and in order, and the socket open while one is made."""
 
+    #: whether a thread other than the loop's may call :meth:`send`
+    any_thread = True
+
     def __init__(self, comm: Any):
         self.comm = comm
         self.loop = asyncio.get_running_loop()
@@ -92,10 +95,8 @@ class SocketFrames:
         self.lock = threading.Lock()
         self.sock = _take_socket(comm, self._closed_by_dask)
         # An SSL connection must not be read and written by two threads at once:
-        # on TLS only the loop sends (whether a thread other than the loop's may
-        # call send), and small pieces go as one record.
+        # on TLS a read holds ``lock`` as a write does; small pieces go as one record.
         self.tls = isinstance(self.sock, ssl.SSLSocket)
-        self.any_thread = not self.tls
         self.fd = self.sock.fileno()
         self.outbox: collections.deque[memoryview] = collections.deque()  # not yet written
         self.inbox = bytearray()  # read, not yet a whole message's head and body
@@ -195,8 +196,9 @@ class SocketFrames:
     def _readable(self) -> None:
         try:
             got = self._read()
-            # TLS: bytes already decrypted wait in the SSL object, not the socket
-            while got and self.tls and self.ended is None and self.sock.pending():
+            # TLS: a read takes at most one record (16 KiB); read on until the
+            # socket has no more (SSLWantReadError), not one loop iteration a record
+            while got and self.tls and self.ended is None:
                 got = self._read()
         except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
@@ -210,15 +212,21 @@ class SocketFrames:
         """One read, into the big buffer being filled or the inbox; the bytes it took."""
         if self.filling is not None:
             array, filled = self.filling
-            got = self.sock.recv_into(memoryview(array)[filled:])
+            got = self._recv_into(memoryview(array)[filled:])
             if got:
                 self._filled(array, filled + got)
         else:
-            got = self.sock.recv_into(self.scratch)
+            got = self._recv_into(self.scratch)
             if got:
                 self.inbox += self.scratch[:got]
                 self._parse()
         return got
+
+    def _recv_into(self, view: memoryview) -> int:
+        if not self.tls:
+            return self.sock.recv_into(view)
+        with self.lock:  # not while another thread writes the SSL connection
+            return self.sock.recv_into(view)
 
     def _filled(self, array: np.ndarray, filled: int) -> None:
         if filled < array.nbytes:
