@@ -458,26 +458,15 @@ def main(
                 echo = client.submit(
                     _actor_echo, actor, nbytes, echo_iters // scale, workers=[a], pure=False
                 ).result()
+                args = (case, max(5, iters // scale))
                 if before:  # the same through tornado's IOStream, right before
                     _framed(handle, "iostream")
                     for servers in (1, 2):
-                        per_rank = run(
-                            _ranks,
-                            num_workers=2,
-                            num_servers=servers,
-                            cluster=handle,
-                            args=(case, max(5, iters // scale)),
-                        )
+                        per_rank = run(_ranks, 2, num_servers=servers, cluster=handle, args=args)
                         before_times[servers].append(max(t for t, _, _ in per_rank))
                     _framed(handle, "frames")
                 for servers in (1, 2):
-                    per_rank = run(
-                        _ranks,
-                        num_workers=2,
-                        num_servers=servers,
-                        cluster=handle,
-                        args=(case, max(5, iters // scale)),
-                    )
+                    per_rank = run(_ranks, 2, num_servers=servers, cluster=handle, args=args)
                     t = max(t for t, _, _ in per_rank)
                     times[servers].append(t)
                     ratios[servers].append(t / echo)
@@ -486,12 +475,7 @@ def main(
                         faults[servers].append(max(f for _, _, f in per_rank))
                     # The same with every server replicated on the other worker.
                     per_rank = run(
-                        _ranks,
-                        num_workers=2,
-                        num_servers=servers,
-                        replicas=2,
-                        cluster=handle,
-                        args=(case, max(5, iters // scale)),
+                        _ranks, 2, num_servers=servers, replicas=2, cluster=handle, args=args
                     )
                     with_replicas[servers].append(max(t for t, _, _ in per_rank))
             replicated[case] = {n: median(ts) for n, ts in with_replicas.items()}

@@ -293,20 +293,6 @@ def _settle(done: asyncio.Future, future: concurrent.futures.Future) -> None:
         future.set_result(done.result())
 
 
-def start(
-    connection_args: dict,
-    address: str,
-    actor_key: str,
-    method: str,
-    args: list,
-    future: concurrent.futures.Future,
-) -> None:
-    """``method(*args)`` on the server ``actor_key`` at ``address``, for a caller
-    in another thread: called on the loop (``loop.call_soon_threadsafe``), its
-    outcome settles ``future``."""
-    stream_to(address, connection_args).start(actor_key, method, args, future)
-
-
 def send(
     loop: asyncio.AbstractEventLoop,
     connection_args: dict,
@@ -316,12 +302,18 @@ def send(
     args: list,
     future: concurrent.futures.Future,
 ) -> None:
-    """:func:`start` for a caller in any thread: the request is written from
+    """``method(*args)`` on the server ``actor_key`` at ``address``, for a
+    caller in any thread, its outcome settling ``future``: the request is written from
     this thread when ``loop``'s stream to ``address`` is open on a socket any
     thread may write (no hand-off to the loop), else handed to the loop."""
     stream = _STREAMS.get(loop, {}).get(address)
     if stream is None or not stream.send_here(actor_key, method, args, future):
-        loop.call_soon_threadsafe(start, connection_args, address, actor_key, method, args, future)
+        loop.call_soon_threadsafe(_start, connection_args, address, actor_key, method, args, future)
+
+
+def _start(connection_args: dict, address: str, *call: Any) -> None:
+    """:meth:`Stream.start` of this loop's stream to ``address`` (on the loop)."""
+    stream_to(address, connection_args).start(*call)
 
 
 async def call(connection_args: dict, address: str, actor_key: str, method: str, args: list) -> Any:
