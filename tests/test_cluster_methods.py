@@ -49,8 +49,12 @@ def test_every_run_control_goes_to_every_replica_and_init_and_settings_to_the_pr
         "configure",
         "abort",
         "fence",  # a lost rank's old incarnation stays refused after a failover
-        "barrier",  # every replica of server 0 holds the arrivals: a failover loses none
         "link",
+    }
+    # every replica of server 0 holds the arrivals (a failover loses none); the
+    # backups take them without being waited for
+    assert {n: row.backups for n, row in METHODS.items() if row.backups} == {
+        "barrier": "barrier_arrived"
     }
     assert not (broadcast & {"push", "pull", "promote", "replay", "members"})
     assert not (broadcast & {"init", "set_updater", "set_optimizer", "set_states"})
@@ -58,7 +62,16 @@ def test_every_run_control_goes_to_every_replica_and_init_and_settings_to_the_pr
 
 def test_only_methods_that_copy_what_they_keep_run_in_process():
     local = {n for n, row in METHODS.items() if row.local}
-    assert local == {"push", "pull", "keys", "wait_keys", "init", "barrier", "resume_step"}
+    assert local == {
+        "push",
+        "pull",
+        "keys",
+        "wait_keys",
+        "init",
+        "barrier",
+        "barrier_arrived",
+        "resume_step",
+    }
 
 
 def test_only_message_arguments_are_encoded():

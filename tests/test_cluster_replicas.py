@@ -13,7 +13,7 @@ import pytest
 
 import labkv
 from labkv.cluster._errors import ClusterError
-from labkv.cluster._protocol.entries import decode_entry
+from labkv.cluster._protocol.entries import Passed, decode_entry
 from tests._inprocess import InProcessCluster
 from tests._waiting import in_threads, wait_until
 
@@ -550,14 +550,22 @@ def test_a_primary_whose_backup_took_over_acknowledges_nothing_more():
         assert old.log.acked == acked and old.rounds["w"].done == 1  # round 1 never finished
 
 
-def test_a_barrier_whose_primary_dies_after_answering_one_rank_releases_the_other():
+def _passed_note(args: list) -> bool:
+    return isinstance(decode_entry(args[0]).note, Passed)
+
+
+@pytest.mark.parametrize("passed_note", ["forwarded", "lost with the primary"])
+def test_a_barrier_whose_primary_dies_after_answering_one_rank_releases_the_other(passed_note):
     # Rank 0 passed the barrier; rank 1 completed it on the primary, which died
-    # before answering it: rank 1 enters it again on the backup, which holds both
-    # arrivals (a barrier goes to every replica), instead of waiting for rank 0.
+    # before answering it: rank 1 enters it again on the backup, which passes it
+    # without rank 0, from the primary's note that it passed or, when the primary
+    # died before that note left, from the arrivals every rank sent the backup.
     import threading
     import time
 
     with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2, timeout=3.0) as c:
+        if passed_note != "forwarded":
+            c.group.host.drop("replicate", match=_passed_note)
         for kv in c.ranks:
             kv.init("w", np.zeros(2, np.float32))
         rank0, rank1 = c.ranks

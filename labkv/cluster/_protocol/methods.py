@@ -27,6 +27,9 @@ class Method(NamedTuple):
     message: bool = False
     #: every replica of a replicated server runs it (the others: the primary)
     broadcast: bool = False
+    #: a replicated server's backups are sent this method with the same
+    #: arguments, answered at once and not waited for (the primary answers)
+    backups: str | None = None
     #: a replicated server replies ``(acked, epoch, payload)``
     acknowledged: bool = False
 
@@ -54,7 +57,8 @@ METHODS: dict[str, Method] = _table(
     Method("abort", broadcast=True),
     Method("fence", broadcast=True),
     Method("resume_step", local=True),
-    Method("barrier", local=True, broadcast=True),
+    Method("barrier", local=True, backups="barrier_arrived"),
+    Method("barrier_arrived", local=True),
     Method("link", broadcast=True),
     Method("streaming"),
     Method("load"),

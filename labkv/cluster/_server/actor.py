@@ -1,17 +1,15 @@
 """A server shard: one Dask actor holding its keys in a :class:`~labkv.shard.Shard`.
 
-:class:`Server` is the actor's object and nothing else: each remote method
-(called on a stream, :mod:`labkv.cluster._transport.stream`, or as an actor
-call) decodes, hands over to the part that holds the rule, and replies. The
-parts, built in ``__init__``: keys, orders, rounds, clocks, the mode (what a
-push and a pull do, :mod:`.modes`), updates and votes, events, settings and
-fences (:mod:`.control`), waits and barriers (:mod:`.waiting`), step marks
-(:mod:`.replication.steps`), and the log (:mod:`.replication`).
+:class:`Server` is the actor's object and nothing else: each remote method (called on a stream,
+:mod:`labkv.cluster._transport.stream`, or as an actor call) decodes, hands over to the part that
+holds the rule, and replies. The parts, built in ``__init__``: keys, orders, rounds, clocks, the
+mode (what a push and a pull do, :mod:`.modes`), updates and votes, events, settings and fences
+(:mod:`.control`), waits and barriers (:mod:`.waiting`), step marks (:mod:`.replication.steps`),
+and the log (:mod:`.replication`).
 
-Every method is ``async def`` and runs on the worker's event loop: a wait
-(another rank's push, a barrier) is an ``await``, and the loop serves other
-calls meanwhile (a blocking method would stall every shard of the worker,
-and two shards waiting for each other's rounds would deadlock). Update
+Every method is ``async def`` and runs on the worker's event loop: a wait (another rank's push, a
+barrier) is an ``await``, and the loop serves other calls meanwhile (a blocking method would stall
+every shard of the worker, and two shards waiting for each other's rounds would deadlock). Update
 arithmetic (``Shard.apply``) runs inline on the loop: it is short.
 """
 
@@ -344,12 +342,16 @@ class Server:
             self.log.barrier_passed(group, generation)  # a backup may lack arrivals
 
     @answered
-    async def fence(
-        self, prefix: str, rank: int, seconds: float, run: str | None = None
-    ) -> int | None:
-        """Rank ``rank`` is lost: refuse ``prefix`` and hold waits ``seconds`` for
-        its replacement, or (``run``, its barrier group) go on without it
-        (barriers, clocks and sliced updates: ``on_rank_loss="shrink"``); its resume step."""
+    async def barrier_arrived(self, group: str, rank: int, generation: Any, parties: int) -> None:
+        """A backup keeps an arrival the primary answers (a failover loses none)."""
+        self.fences.check(f"{group}/", rank)
+        self.barriers.arrive(group, rank, generation, parties)
+
+    @answered
+    async def fence(self, prefix: str, rank: int, seconds: float, run: str | None = None) -> Any:
+        """Rank ``rank`` is lost: refuse ``prefix`` and hold waits ``seconds`` for its replacement,
+        or (``run``, its barrier group) go on without it (barriers, clocks and sliced updates:
+        ``on_rank_loss="shrink"``); its resume step."""
         if run is None:
             self.fences.bar(prefix, "that was replaced after it was taken for lost")
             self.waiting.hold(seconds)
@@ -363,9 +365,8 @@ class Server:
 
     @answered
     async def abort(self, reason: str, run: str | None = None) -> None:
-        """Wake every waiter with ``ClusterError(reason)`` and drop open rounds;
-        ``run``: the barrier group of the stopped run, whose ranks (some may still
-        execute) are refused from now on."""
+        """Wake every waiter with ``ClusterError(reason)`` and drop open rounds; ``run``: the
+        barrier group of the stopped run, whose ranks (some may still run) are refused from now on."""
         if run is not None:
             self.fences.bar(f"{run}/")
         self.rounds.drop_open()
@@ -384,8 +385,7 @@ class Server:
 
     @answered
     async def streaming(self, on: bool, detail_interval: float = 0.0, detail_burst: int = 1):
-        """Send batched events to the store's topic, with the detail of the
-        notebook's subscribers (on), or stop (off)."""
+        """Send batched events to the store's topic, with the subscribers' detail (on), or stop."""
         if on:
             self.stream.start(detail_interval, detail_burst)
         else:

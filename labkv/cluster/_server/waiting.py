@@ -86,8 +86,10 @@ class Barriers:
     it. Arrivals are a set, so an arrival made again (after a failover) counts
     once; one at a generation already passed returns at once (the others left
     before the primary that passed it was lost). Every replica of server 0
-    holds the same arrivals (a barrier is broadcast), and a rank enters
-    ``g + 1`` only after every replica answered ``g``."""
+    holds the arrivals: a rank sends its arrival to the backups too
+    (:meth:`arrive`, answered at once and not waited for: the primary
+    answers), so that after a failover the new primary passes ``g`` without
+    the ranks the old one had released."""
 
     __slots__ = ("arrived", "dropped", "passed", "waiting")
 
@@ -142,6 +144,33 @@ class Barriers:
         self.arrived.pop((group, generation), None)
         self.waiting.wake()
 
+    def _passed(self, group: str, generation: Any) -> bool:
+        last = self.passed.get(group)
+        return last is not None and generation <= last
+
+    def _complete(self, group: str, arrived: set[int], parties: int) -> bool:
+        dropped = self.dropped.get(group)
+        if not dropped:
+            return len(arrived) >= parties
+        return set(range(parties)) <= arrived | dropped
+
+    def arrive(self, group: str, rank: int, generation: Any, parties: int) -> None:
+        """Count ``rank``'s arrival at ``generation`` without waiting (a backup's
+        copy of the primary's barrier); the arrival that completes it passes it.
+
+        >>> b = Barriers(Waiters("server 0", 1.0))
+        >>> b.arrive("run", 0, 1, parties=2); b.passed
+        {}
+        >>> b.arrive("run", 1, 1, parties=2); b.passed, b.arrived
+        ({'run': 1}, {})
+        """
+        if self._passed(group, generation):
+            return
+        arrived = self.arrived.setdefault((group, generation), set())
+        arrived.add(rank)
+        if self._complete(group, arrived, parties):
+            self._pass(group, generation)
+
     async def enter(self, group: str, rank: int, generation: Any, parties: int) -> bool:
         """Return once every rank of ``range(parties)`` entered ``generation``
         (an int, or a rank's ``(phase, n)``, see :mod:`labkv.cluster._rank.steps`:
@@ -149,14 +178,10 @@ class Barriers:
         raise naming the ranks that did not. Whether this arrival passed it."""
 
         def passed() -> bool:
-            last = self.passed.get(group)
-            return last is not None and generation <= last
+            return self._passed(group, generation)
 
         def complete() -> bool:
-            dropped = self.dropped.get(group)
-            if not dropped:
-                return len(arrived) >= parties
-            return set(range(parties)) <= arrived | dropped
+            return self._complete(group, arrived, parties)
 
         if passed():
             return False
