@@ -161,7 +161,7 @@ def test_an_ended_connection_is_told_once_and_refuses_sends(how, comm, tmp_path)
         a.send(0, 1, "before")
         await inbox_b.until(lambda: inbox_b.messages)
         if how == "the other end closes":
-            b._end(OSError("closed by its own end"))
+            b.abort()
         else:
             b.comm.abort()  # as a closing worker aborts its comms
         await inbox_a.until(lambda: inbox_a.ended is not None)

@@ -4,7 +4,7 @@ A message is ``(sequence number, kind, value)``. Every wire has ``send(seq, kind
 value)`` (called on the comm's event loop, or from any thread where its
 ``any_thread`` is true), ``start(deliver, closed, tasks)``, after which each
 message received is handed to ``deliver(seq, kind, value)`` and the end of the
-comm to ``closed(error)`` once, and ``comm``, the Dask comm under it.
+comm to ``closed(error)`` once, ``abort()``, and ``comm``, the Dask comm under it.
 
 - :class:`~.sockets.SocketFrames` (``tcp://`` and ``tls://``, the default): the
   frames of :mod:`.sockets` on the comm's socket itself, taken from tornado.
@@ -48,6 +48,10 @@ class _Frames:
         for raw in raws:  # the arrays' memory itself, without a copy
             io.write(raw)
 
+    def abort(self) -> None:
+        """Close the connection now."""
+        self.comm.abort()
+
     async def receive(self) -> tuple[int, int, Any]:
         io = self.io
         seq, kind, nbody, nbuffers = HEAD.unpack(await io.read_bytes(HEAD.size))
@@ -87,6 +91,10 @@ class _Messages:
         self.writing.discard(write)
         if not write.cancelled() and write.exception() is not None:
             self.comm.abort()
+
+    def abort(self) -> None:
+        """Close the connection now."""
+        self.comm.abort()
 
     async def receive(self) -> tuple[int, int, Any]:
         message = await self.comm.read()

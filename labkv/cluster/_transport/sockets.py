@@ -268,6 +268,10 @@ class SocketFrames:
             self.deliver(seq, kind, unpickled(body, buffers))
 
     # ending
+    def abort(self) -> None:
+        """Close the connection now (on the loop)."""
+        self._end(OSError("the stream was closed"))
+
     def _closed_by_dask(self) -> None:
         self._end(OSError("the comm was closed"))
 

@@ -112,7 +112,7 @@ class _Service:
             wire.start(deliver, closed, self.tasks)
             await ended  # until the caller closes its end, or this worker closes
         except asyncio.CancelledError:
-            comm.abort()
+            wire.abort()
         finally:
             self.wires.discard(wire)
 
