@@ -190,6 +190,7 @@ def _step_bytes(kv, touched: int, sparse_embedding: bool) -> tuple[int, int]:
     rows = torch.arange(0, TABLE, TABLE // touched)[:touched]
     kv.barrier()  # every rank's init and first pull are done
     before = [sum(s[k] for s in kv.server_load()) for k in ("bytes_in", "bytes_out")]
+    kv.barrier()  # every rank has read its "before" (no other rank's step in it)
     emb(torch.cat([rows, rows])).pow(2).sum().backward()
     opt.step()
     kv.barrier()  # every rank's step is done
