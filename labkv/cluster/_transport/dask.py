@@ -161,7 +161,7 @@ class ActorLink(ServerLink):
 class StreamLink(ServerLink):
     """Calls on a stream (:mod:`.stream`) of ``loop`` (a rank's worker's, or
     the notebook client's): each call is written from the caller's thread when
-    the stream is open on a socket any thread may write (``tcp://``), else handed
+    the stream is open on a socket any thread may write (``tcp://``, ``tls://``), else handed
     to the loop with ``call_soon_threadsafe`` and written there without a task;
     its reply settles the call's ``concurrent.futures.Future``, whose result is
     read without another hand-off. ``actor``: the server's ``Actor``
@@ -184,7 +184,7 @@ class StreamLink(ServerLink):
 
     def call(self, method: str, *args: Any) -> Any:
         # A server known to be lost raises here, at once; the message is encoded
-        # in the caller's thread, and only sending it is handed to the loop.
+        # in the caller's thread, and sent from it too once the stream is open.
         self.raise_if_lost()
         future: concurrent.futures.Future = concurrent.futures.Future()
         where = (self.loop, self.connection_args, self.address, self.actor_key)

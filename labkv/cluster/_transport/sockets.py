@@ -101,12 +101,10 @@ class SocketFrames:
         self.outbox: collections.deque[memoryview] = collections.deque()  # not yet written
         self.inbox = bytearray()  # read, not yet a whole message's head and body
         self.scratch = memoryview(bytearray(READ_CHUNK))
-        self.message: tuple | None = (
-            None  # (seq, kind, body, sizes, buffers) while its buffers arrive
-        )
-        self.filling: tuple[np.ndarray, int] | None = (
-            None  # a big buffer read in place, bytes so far
-        )
+        # (seq, kind, body, sizes, buffers) of a message while its buffers arrive
+        self.message: tuple | None = None
+        # a big buffer being read in place, and its bytes so far
+        self.filling: tuple[np.ndarray, int] | None = None
         self.deliver: Deliver | None = None
         self.on_closed: Closed | None = None
         self.ended: BaseException | None = None

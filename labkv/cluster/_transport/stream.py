@@ -217,10 +217,7 @@ class Stream:
             task = asyncio.ensure_future(self.call(actor_key, method, args))
             task.add_done_callback(lambda done: _settle(done, future))
             return
-        try:
-            self._send(wire, actor_key, method, args, future)
-        except BaseException as exc:
-            _fail(future, exc)
+        self._send_settling(wire, actor_key, method, args, future)
 
     def send_here(
         self, actor_key: str, method: str, args: list, future: concurrent.futures.Future
@@ -230,11 +227,17 @@ class Stream:
         wire = self.wire
         if wire is None or not wire.any_thread or self.comm.closed():
             return False
+        self._send_settling(wire, actor_key, method, args, future)
+        return True
+
+    def _send_settling(
+        self, wire: Wire, actor_key: str, method: str, args: list, future: Any
+    ) -> None:
+        """:meth:`_send`, a request that cannot be sent failing ``future``."""
         try:
             self._send(wire, actor_key, method, args, future)
         except BaseException as exc:
             _fail(future, exc)
-        return True
 
 
 def _fail(future: Any, error: BaseException) -> None:
