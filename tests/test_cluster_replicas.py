@@ -592,6 +592,30 @@ def test_a_barrier_whose_primary_dies_after_answering_one_rank_releases_the_othe
         assert rank1._links[0].generation == 1
 
 
+def test_a_barrier_every_backup_heard_of_is_not_logged_one_the_ranks_did_not_tell_is():
+    # Each rank sends its arrival to the backups it knows: those pass the
+    # generation on their own, so the primary logs nothing then, and only the
+    # last generation passed a little later. A replica seeded before the ranks
+    # know of it gets no arrival; the primary then logs that it passed the
+    # generation at once, and that replica passes it from the log.
+    with replicated("dist_sync", num_servers=1, num_workers=2, replicas=2) as c:
+        for kv in c.ranks:
+            kv.init("w", np.zeros(2, np.float32))
+        primary, backup = c.group.replicas_of[0]
+        issued = primary.log.issued
+        in_threads(*[lambda kv=kv: [kv.barrier() for _ in range(3)] for kv in c.ranks])
+        assert primary.log.issued == issued  # no log entry for a barrier
+        assert wait_until(lambda: backup.barriers.passed == primary.barriers.passed, timeout=5)
+        assert wait_until(lambda: primary.log.issued == issued + 1, timeout=5)  # the last, late
+
+        seeded = c.group.reseed(0)
+        issued = primary.log.issued
+        in_threads(*[kv.barrier for kv in c.ranks])
+        assert primary.log.issued == issued + 1  # the pass, for the replica nobody told
+        assert wait_until(lambda: seeded.barriers.passed == primary.barriers.passed, timeout=5)
+        assert backup.barriers.passed == primary.barriers.passed
+
+
 @pytest.mark.parametrize("setting", ["optimizer", "updater"])
 def test_a_replica_seeded_before_the_rank_knows_it_gets_init_and_settings_through_the_log(
     setting,

@@ -150,6 +150,38 @@ def _raw_call(address, actor_key, method, args):
     return asyncio.run(once())
 
 
+def _notice_then_call(address, actor_key, method, args):
+    """A notice of ``method(*args)``, then the same as a request: the first
+    message that comes back."""
+    from distributed.comm import connect
+
+    async def once():
+        comm = await connect(address)
+        try:
+            await comm.write({"op": _stream.HANDLER, "reply": False})
+            await comm.write({"i": 7, "t": _stream.NOTICE, "v": (actor_key, method, args)})
+            await comm.write({"i": 8, "t": _stream.REQUEST, "v": (actor_key, method, args)})
+            return await asyncio.wait_for(comm.read(), 10)
+        finally:
+            comm.abort()
+
+    return asyncio.run(once())
+
+
+def test_a_notice_runs_the_method_and_gets_no_answer(handle):
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=1, timeout=20)
+    try:
+        kv.init("w", np.ones(2, np.float32))
+        address = kv.placement()["w"][0]["replicas"][0]
+        (key,) = [k for k in _run_on(handle, _actor_keys, address) if k in str(kv._servers[0])]
+        before = _run_on(handle, calls_served, address)
+        reply = _notice_then_call(address, key, "keys", [None])
+        assert reply["i"] == 8 and reply["t"] == _stream.RESULT  # the request's, first
+        assert _run_on(handle, calls_served, address) - before == 2  # both ran
+    finally:
+        kv.close()
+
+
 def test_the_worker_end_calls_only_a_servers_remote_methods(handle):
     kv = labkv.create("dist_sync", cluster=handle, num_servers=1, timeout=20)
     try:

@@ -19,6 +19,7 @@ from labkv.cluster._options import StoreSpec
 from labkv.cluster._protocol import entries as _entries
 from labkv.cluster._protocol import messages as _wire
 from labkv.cluster._server.actor import Server
+from labkv.cluster._transport import stream as _stream
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +34,7 @@ FINGERPRINTS = {
     7: "310d030c85ff7453",
     8: "71e6a4b525d0a363",
     9: "761260a209d6974a",
+    10: "35aea683e9566371",
 }
 
 
@@ -53,8 +55,8 @@ def wire_description() -> str:
     """What the processes of a store send each other: every message type's
     fields, every log-entry note's, every snapshot a new replica is seeded
     from, and every server method a rank or a peer calls, with its parameters;
-    each with the module it is pickled under; and the columns of the round
-    records servers stream to the notebook."""
+    each with the module it is pickled under; the columns of the round
+    records servers stream to the notebook; and the kinds of a stream's messages."""
     lines = []
     for kind, module in (("message", _wire), ("note", _entries)):
         for name, obj in sorted(vars(module).items()):
@@ -66,6 +68,9 @@ def wire_description() -> str:
     lines.append(f"spec {StoreSpec.__module__} {sorted(StoreSpec.__dataclass_fields__)}")
     # the events servers and ranks stream to the notebook: a record of many keys' rounds
     lines.append(f"event round_columns {list(RoundColumns.__slots__)}")
+    # what a message on a stream is: a request, a reply of some kind, or a notice
+    kinds = {n: getattr(_stream, n) for n in ("REQUEST", "RESULT", "ERROR", "GONE", "NOTICE")}
+    lines.append(f"stream kinds {kinds}")
     for name, method in sorted(inspect.getmembers(Server, inspect.isfunction)):
         if not name.startswith("_"):
             lines.append(f"server {name}{list(inspect.signature(method).parameters)}")

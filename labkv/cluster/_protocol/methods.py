@@ -28,7 +28,8 @@ class Method(NamedTuple):
     #: every replica of a replicated server runs it (the others: the primary)
     broadcast: bool = False
     #: a replicated server's backups are sent this method with the same
-    #: arguments, answered at once and not waited for (the primary answers)
+    #: arguments, as a notice (no answer: the primary answers), and the
+    #: primary the actor keys of the backups it was sent to, as a last argument
     backups: str | None = None
     #: a replicated server replies ``(acked, epoch, payload)``
     acknowledged: bool = False

@@ -4,10 +4,9 @@ A :class:`ReplicatedLink` calls the primary, and keeps every push the rank
 sent it until a reply says that push is applied on every live replica (each
 push or pull reply of a replicated server is ``(acked, epoch, payload)``: the
 sender's pushes before ``acked`` are acknowledged). Run control goes to every
-replica (``Method.broadcast`` in :mod:`labkv.cluster._protocol.methods`);
-a barrier to the primary, its arrival also to the backups, whose answers
-nobody waits for (``Method.backups``); init and the settings to the primary,
-which logs them for its backups.
+replica (``Method.broadcast`` in :mod:`labkv.cluster._protocol.methods`); a barrier to
+the primary, its arrival also to the backups as a notice they do not answer
+(``Method.backups``); init and the settings to the primary, which logs them for its backups.
 
 The link owns its failover, as httpx keeps retries inside its transport: a
 :class:`Call` that finds the primary lost (the scheduler dropped its worker,
@@ -225,8 +224,8 @@ class ReplicatedLink(ServerLink):
 
     def send(self, method: str, args: tuple) -> tuple[Waitable, list[Waitable]]:
         """``method(*args)`` on the primary, and on every backup for a broadcast:
-        the futures (a call that cannot be made is a failed one). A method with
-        ``backups`` sends them that method first, its answers not waited for."""
+        the futures (a call that cannot be made is a failed one). A method with ``backups`` sends
+        them that method first, unanswered, and the primary their actor keys as one more argument."""
         others, row = [], _method(method)
         if row.broadcast:
             for m in self.members[1:]:
@@ -235,9 +234,12 @@ class ReplicatedLink(ServerLink):
                 except ClusterError as exc:
                     others.append(_failed(exc))
         elif row.backups is not None:
+            told = []
             for m in self.members[1:]:
                 with contextlib.suppress(ClusterError):  # a lost backup takes no note
-                    self.links[m].call(row.backups, *args)
+                    self.links[m].notify(row.backups, *args)
+                    told.append(m.actor_key)
+            args = (*args, tuple(told))
         try:
             inner = self.primary.call(method, *args)
         except ClusterError as exc:

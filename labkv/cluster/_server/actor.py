@@ -69,8 +69,7 @@ class Server:
         self.device_name = device_label(self.device)
         warm_up(self.device)  # first-use kernel compiles now, not inside the first push
         self.sid, self.store_id, self.topic = sid, store_id, topic
-        self.address, self.host = host.address, host
-        self.bus = EventBus(store_id)
+        self.address, self.host, self.bus = host.address, host, EventBus(store_id)
         self.shard, self.table = Shard(self.bus, server=sid), KeyTable(sid)
         self.rounds = SyncRounds(num_workers)
         self.waiting, self.tasks = Waiters(f"server {sid}", timeout), TaskGroup()
@@ -90,14 +89,13 @@ class Server:
         calls = (self.queues, self.peers, self.log, self.waiting, ended, self.marks)
         self.updates = Updates(*state, *calls)
         parts = (self.shard, self.table, self.rounds, self.reports, self.waiting, self.log)
-        ordered = {"queues": self.queues, "kept": self.kept}
         parts = (*parts, self.updates, self.marks)
         if sync:
             self.mode = SyncMode(*parts, staging=self.staging)
         elif staleness is None:
-            self.mode = AsyncMode(*parts, **ordered)
+            self.mode = AsyncMode(*parts, queues=self.queues, kept=self.kept)
         else:
-            self.mode = SspMode(*parts, **ordered, clocks=self.clocks)
+            self.mode = SspMode(*parts, queues=self.queues, kept=self.kept, clocks=self.clocks)
         self.seeding: Seeding | None = None  # with replicas (join_group)
         self.fences = Fences(sid)  # the senders refused for good
         publish = functools.partial(host.log_event, topic)
@@ -335,11 +333,13 @@ class Server:
         self.waiting.resume()
 
     @answered
-    async def barrier(self, group: str, rank: int, generation: Any, parties: int) -> None:
-        """Return once ``parties`` ranks of run ``group`` entered its barrier ``generation``."""
+    async def barrier(
+        self, group: str, rank: int, generation: Any, parties: int, told: tuple[str, ...] = ()
+    ) -> None:
+        """Return once ``parties`` ranks of ``group`` entered ``generation`` (``told``: backups told)."""
         self.fences.check(f"{group}/", rank)
-        if await self.barriers.enter(group, rank, generation, parties):
-            self.log.barrier_passed(group, generation)  # a backup may lack arrivals
+        if await self.barriers.enter(group, rank, generation, parties, told):
+            self.log.barrier_passed(group, generation, self.barriers)
 
     @answered
     async def barrier_arrived(self, group: str, rank: int, generation: Any, parties: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._errors import ClusterError
@@ -87,17 +87,25 @@ class Barriers:
     once; one at a generation already passed returns at once (the others left
     before the primary that passed it was lost). Every replica of server 0
     holds the arrivals: a rank sends its arrival to the backups too
-    (:meth:`arrive`, answered at once and not waited for: the primary
-    answers), so that after a failover the new primary passes ``g`` without
-    the ranks the old one had released."""
+    (:meth:`arrive`, not waited for: the primary answers), so that after a
+    failover the new primary passes ``g`` without the ranks the old one had
+    released. Each arrival at the primary names the backups that rank sent it
+    to (``told``): :meth:`told_everyone` says whether every backup holds every
+    arrival of the generation just passed, so that the primary need not log
+    that it passed it."""
 
-    __slots__ = ("arrived", "dropped", "passed", "waiting")
+    __slots__ = ("arrived", "dropped", "passed", "told", "told_passed", "waiting")
 
     def __init__(self, waiting: Waiters) -> None:
         self.waiting = waiting
         self.passed: dict[str, Any] = {}  # group -> the last generation passed
         self.arrived: dict[tuple[str, Any], set[int]] = {}
         self.dropped: dict[str, set[int]] = {}  # group -> ranks it goes on without
+        # (group, generation) -> the backups every arrival so far was sent to
+        # too (empty once one came otherwise: an arrival a backup sent on, or
+        # one restored from a snapshot); of the generation passed last, by group
+        self.told: dict[tuple[str, Any], frozenset[str]] = {}
+        self.told_passed: dict[str, tuple[Any, frozenset[str]]] = {}
 
     def snapshot(self) -> tuple[dict, dict, dict]:
         """What a new replica of server 0 takes: the generations passed, the
@@ -109,6 +117,8 @@ class Barriers:
     def restore(self, snap: tuple[dict, dict, dict]) -> None:
         self.passed, self.arrived = dict(snap[0]), {k: set(v) for k, v in snap[1].items()}
         self.dropped = {g: set(r) for g, r in snap[2].items()}
+        self.told = dict.fromkeys(self.arrived, frozenset())
+        self.told_passed = {}
         self.waiting.wake()
 
     def passed_on_primary(self, group: str, generation: Any) -> None:
@@ -119,6 +129,7 @@ class Barriers:
             self.passed[group] = generation
         for done in [k for k in self.arrived if k[0] == group and k[1] <= generation]:
             del self.arrived[done]
+            self.told.pop(done, None)
         self.waiting.wake()
 
     def drop(self, group: str, rank: int) -> None:
@@ -142,7 +153,34 @@ class Barriers:
     def _pass(self, group: str, generation: Any) -> None:
         self.passed[group] = generation
         self.arrived.pop((group, generation), None)
+        self.told_passed[group] = (generation, self.told.pop((group, generation), frozenset()))
         self.waiting.wake()
+
+    def _note_told(self, group: str, generation: Any, told: frozenset[str]) -> None:
+        """An arrival that was sent to the backups ``told`` too."""
+        key = (group, generation)
+        before = self.told.get(key)
+        self.told[key] = told if before is None else before & told
+
+    def told_everyone(self, group: str, generation: Any, backups: set[str]) -> bool:
+        """Whether every arrival at ``generation``, just passed here, was sent to
+        each of ``backups`` (actor keys) too, and no rank of ``group`` was
+        dropped: then every backup passes it on its own.
+
+        >>> async def both(told_by_rank_1):
+        ...     b = Barriers(Waiters("server 0", 1.0))
+        ...     first = asyncio.ensure_future(b.enter("run", 0, 1, 2, told={"b1", "b2"}))
+        ...     await asyncio.sleep(0)
+        ...     await b.enter("run", 1, 1, 2, told=told_by_rank_1)
+        ...     await first
+        ...     return b.told_everyone("run", 1, {"b1", "b2"})
+        >>> asyncio.run(both({"b1", "b2"})), asyncio.run(both({"b1"}))
+        (True, False)
+        """
+        last = self.told_passed.get(group)
+        if last is None or last[0] != generation or self.dropped.get(group):
+            return False
+        return backups <= last[1]
 
     def _passed(self, group: str, generation: Any) -> bool:
         last = self.passed.get(group)
@@ -168,14 +206,23 @@ class Barriers:
             return
         arrived = self.arrived.setdefault((group, generation), set())
         arrived.add(rank)
+        self._note_told(group, generation, frozenset())  # if it becomes the primary
         if self._complete(group, arrived, parties):
             self._pass(group, generation)
 
-    async def enter(self, group: str, rank: int, generation: Any, parties: int) -> bool:
+    async def enter(
+        self,
+        group: str,
+        rank: int,
+        generation: Any,
+        parties: int,
+        told: Iterable[str] = (),
+    ) -> bool:
         """Return once every rank of ``range(parties)`` entered ``generation``
         (an int, or a rank's ``(phase, n)``, see :mod:`labkv.cluster._rank.steps`:
         generations of one group are ordered), but those dropped; on timeout
-        raise naming the ranks that did not. Whether this arrival passed it."""
+        raise naming the ranks that did not. Whether this arrival passed it.
+        ``told``: the backups this rank sent its arrival to as well."""
 
         def passed() -> bool:
             return self._passed(group, generation)
@@ -187,6 +234,7 @@ class Barriers:
             return False
         arrived = self.arrived.setdefault((group, generation), set())
         arrived.add(rank)
+        self._note_told(group, generation, frozenset(told))
         if not complete():
 
             def missing() -> str:

@@ -71,6 +71,12 @@ class ServerLink:
         is known to be lost."""
         raise NotImplementedError
 
+    def notify(self, method: str, *args: Any) -> None:
+        """:meth:`call` whose answer nobody reads (a backup's copy of a barrier
+        arrival): a link on a stream sends it as a notice, which the server
+        does not answer."""
+        self.call(method, *args)
+
     def lost(self) -> str | None:
         """Why the server is known to be lost (its worker gone), or None."""
         return None

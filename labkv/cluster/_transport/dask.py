@@ -191,6 +191,11 @@ class StreamLink(ServerLink):
         _stream.send(*where, method, _encoded(method, args), future)
         return future
 
+    def notify(self, method: str, *args: Any) -> None:
+        self.raise_if_lost()
+        where = (self.loop, self.connection_args, self.address, self.actor_key)
+        _stream.send(*where, method, _encoded(method, args), None)
+
     def lost(self) -> str | None:
         return None if self.actor is None else _task_lost(self.actor)
 
@@ -221,6 +226,12 @@ class SameProcessLink(StreamLink):
             sid, address, actor_key, worker_loop(worker), worker.connection_args, actor
         )
         self.worker, self.server = worker, server
+
+    def notify(self, method: str, *args: Any) -> None:
+        if not _method(method).local:
+            super().notify(method, *args)
+        else:
+            self.call(method, *args)
 
     def call(self, method: str, *args: Any) -> Any:
         if not _method(method).local:
@@ -335,7 +346,8 @@ class DaskHost(Host):
         local = actor_on(self.worker, peer.address, peer.actor_key)
         if local is not None and method != "replicate":
             return _dispatch(local, method, args)
-        return _stream.call(self.worker.connection_args, peer.address, peer.actor_key, method, args)
+        where = (self.worker.connection_args, peer.address, peer.actor_key)
+        return _stream.request(*where, method, args)
 
 
 def scheduler_gone(client: Any) -> str | None:

@@ -16,7 +16,8 @@ is also proxied through the scheduler unless the client talks to workers
 directly. On a stream a call is one message each way: a request
 ``(actor key, method, args)`` and a reply (the result, the server's error, or
 "no such server on the worker"), matched by a sequence number, so any number of
-calls may be in flight at once.
+calls may be in flight at once. A notice is a request the server does not
+answer (a rank's barrier arrival at a backup, which nobody waits for).
 
 How a message is framed depends on the comm (:mod:`.framing`): on ``tcp://``
 both ends read and write their own frames on the comm's socket itself, taken
@@ -54,7 +55,8 @@ class ServerGone(OSError):
     """The worker has no server of that actor key (released, or never there)."""
 
 
-REQUEST, RESULT, ERROR, GONE = 0, 1, 2, 3  # what a message is
+# What a message is; a NOTICE is a request whose caller wants no answer.
+REQUEST, RESULT, ERROR, GONE, NOTICE = 0, 1, 2, 3, 4
 #: The worker's answer to a hello of ``'socket'`` framing: after it, neither end's
 #: tornado holds a byte of the stream (see :func:`.framing._take_socket`).
 READY = "ready"
@@ -101,7 +103,7 @@ class _Service:
         ended = asyncio.get_running_loop().create_future()
 
         def deliver(seq: int, kind: int, request: Any) -> None:
-            self.tasks.spawn(self._answer(wire, seq, request))
+            self.tasks.spawn(self._answer(wire, seq, request, kind == REQUEST))
 
         def closed(error: BaseException) -> None:
             if not ended.done():
@@ -116,7 +118,7 @@ class _Service:
         finally:
             self.wires.discard(wire)
 
-    async def _answer(self, wire: Wire, seq: int, request: tuple) -> None:
+    async def _answer(self, wire: Wire, seq: int, request: tuple, answer: bool) -> None:
         actor_key, method, args = request
         try:
             name = _method(method).name  # only a server's remote methods
@@ -128,7 +130,8 @@ class _Service:
         except Exception as exc:
             kind, value = ERROR, portable(exc)
         self.served += 1
-        _reply(wire, seq, kind, value)
+        if answer:
+            _reply(wire, seq, kind, value)
 
 
 def _reply(wire: Wire, seq: int, kind: int, value: Any) -> None:
@@ -173,12 +176,14 @@ class Stream:
             self.pending.pop(seq, None)
 
     def _send(self, wire: Wire, actor_key: str, method: str, args: list, reply: Any) -> int:
-        """Write the request, its reply to settle ``reply``; its sequence number."""
+        """Write the request, its reply to settle ``reply`` (None: a notice,
+        answered by nobody); its sequence number."""
         with self.numbering:
             seq, self.next_seq = self.next_seq, self.next_seq + 1
-            self.pending[seq] = reply
+            if reply is not None:
+                self.pending[seq] = reply
         try:
-            wire.send(seq, REQUEST, (actor_key, method, args))
+            wire.send(seq, REQUEST if reply is not None else NOTICE, (actor_key, method, args))
         except BaseException:
             self.pending.pop(seq, None)
             raise
@@ -206,21 +211,35 @@ class Stream:
                 self.comm, self.wire = comm, wire
         return self.wire
 
+    def request(self, actor_key: str, method: str, args: list) -> asyncio.Future:
+        """:meth:`call` as a future, for a caller on the loop: the request is
+        written now when the comm is open, with no task, else once it is opened."""
+        wire = self.wire
+        if wire is None or self.comm.closed():
+            return asyncio.ensure_future(self.call(actor_key, method, args))
+        reply = asyncio.get_running_loop().create_future()
+        self._send_settling(wire, actor_key, method, args, reply)
+        return reply
+
     def start(
-        self, actor_key: str, method: str, args: list, future: concurrent.futures.Future
+        self, actor_key: str, method: str, args: list, future: concurrent.futures.Future | None
     ) -> None:
         """:meth:`call` for a caller in another thread, run on the loop: the
         request leaves now, with no task, when the comm is open (its reply
-        settles ``future`` from the reader), else once it is opened."""
+        settles ``future`` from the reader), else once it is opened (``future``
+        None: a notice, whose answer, if any, nobody reads)."""
         wire = self.wire
         if wire is None or self.comm.closed():
             task = asyncio.ensure_future(self.call(actor_key, method, args))
-            task.add_done_callback(lambda done: _settle(done, future))
+            if future is not None:
+                task.add_done_callback(lambda done: _settle(done, future))
+            else:  # its outcome is read, so that asyncio does not log it as lost
+                task.add_done_callback(lambda done: done.cancelled() or done.exception())
             return
         self._send_settling(wire, actor_key, method, args, future)
 
     def send_here(
-        self, actor_key: str, method: str, args: list, future: concurrent.futures.Future
+        self, actor_key: str, method: str, args: list, future: concurrent.futures.Future | None
     ) -> bool:
         """:meth:`start` from the calling thread itself, when the stream is open
         on a wire any thread may write; whether it was (else nothing was done)."""
@@ -241,7 +260,10 @@ class Stream:
 
 
 def _fail(future: Any, error: BaseException) -> None:
-    """Fail ``future`` unless it is already done (the comm's end may have failed it)."""
+    """Fail ``future`` unless it is already done (the comm's end may have failed
+    it); a notice's (None) failure has nobody to tell."""
+    if future is None:
+        return
     try:
         if not future.done():
             future.set_exception(error)
@@ -303,10 +325,11 @@ def send(
     actor_key: str,
     method: str,
     args: list,
-    future: concurrent.futures.Future,
+    future: concurrent.futures.Future | None,
 ) -> None:
     """``method(*args)`` on the server ``actor_key`` at ``address``, for a
-    caller in any thread, its outcome settling ``future``: the request is written from
+    caller in any thread, its outcome settling ``future`` (None: a notice,
+    not answered): the request is written from
     this thread when ``loop``'s stream to ``address`` is open on a socket any
     thread may write (no hand-off to the loop), else handed to the loop."""
     stream = _STREAMS.get(loop, {}).get(address)
@@ -319,7 +342,9 @@ def _start(connection_args: dict, address: str, *call: Any) -> None:
     stream_to(address, connection_args).start(*call)
 
 
-async def call(connection_args: dict, address: str, actor_key: str, method: str, args: list) -> Any:
+def request(
+    connection_args: dict, address: str, actor_key: str, method: str, args: list
+) -> asyncio.Future:
     """``method(*args)`` on the server ``actor_key`` at ``address``, through
-    this loop's stream there."""
-    return await stream_to(address, connection_args).call(actor_key, method, args)
+    this loop's stream there: its reply's future (see :meth:`Stream.request`)."""
+    return stream_to(address, connection_args).request(actor_key, method, args)

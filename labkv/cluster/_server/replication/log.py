@@ -36,16 +36,17 @@ from ...._types import Key
 from ....devices import Device, to_device
 from ....shard import Shard
 from ..._device import host_view
-from ..._errors import deposed, is_deposed
+from ..._errors import deposed
 from ..._protocol.entries import Clock, Control, Entry, Failed, Passed, Told, Vote, encode_entry
 from ..._protocol.messages import Peer
 from ..._tasks import TaskGroup
-from ..._transport.base import POLL_S, Host
+from ..._transport.base import Host
 from ..order import SenderOrder
 from ..reports import Reports
 from ..rounds import Failure, Finish, SyncRounds
 from ..updates import KeptVotes
 from ..waiting import Waiters
+from .forward import Forwarder
 from .group import Group
 from .notes import NoteEffects
 from .steps import StepMarks, copied
@@ -53,6 +54,11 @@ from .steps import StepMarks, copied
 if TYPE_CHECKING:
     from ..._protocol import entries
     from ..modes import Mode
+    from ..waiting import Barriers
+
+
+#: How soon a primary logs a barrier generation every backup passed on its own.
+LATE_PASS_S = 1.0
 
 
 def _host(value: Any) -> Any:
@@ -96,14 +102,20 @@ class ReplicaLog:
         self.waiting, self.host, self.tasks, self.reports = waiting, host, tasks, reports
         self.issued = 0  # entries applied here (on a backup: the next index it expects)
         self.acked = 0  # primary: entries every live backup has applied
-        self.deposed = False  # a backup became the primary: acknowledge nothing more
+        self.forwarder = Forwarder(group, host, tasks, reports, self._entry_acked)
         self.applied_seq: dict[tuple[str, Key], int] = {}  # (sender, key) -> last seq applied
         self._log: dict[int, tuple[list, Callable[[], Any] | None]] = {}  # index -> (pushes, then)
         self._acks: set[int] = set()
+        self._late_passes: dict[str, Any] = {}  # group -> generation (see barrier_passed)
 
     @property
     def primary(self) -> bool:
         return self.group.primary
+
+    @property
+    def deposed(self) -> bool:
+        """A backup became the primary: this one acknowledges nothing more."""
+        return self.forwarder.deposed
 
     @property
     def me(self) -> Peer:
@@ -194,11 +206,29 @@ class ReplicaLog:
         so that a new primary does not tell it again."""
         self.issue([], [], note=Told(sender, keys))
 
-    def barrier_passed(self, group: str, generation: Any) -> None:
+    def barrier_passed(self, group: str, generation: Any, barriers: Barriers) -> None:
         """Log that a barrier generation passed here (a primary's backups release
-        its waiters even without every arrival: see ``Barriers.passed_on_primary``)."""
-        if self.primary:
+        its waiters even without every arrival: see ``Barriers.passed_on_primary``):
+        at once when a backup may lack an arrival, else (each backup passes it
+        on its own, see ``Barriers.told_everyone``) within :data:`LATE_PASS_S`,
+        the last one passed of the group: a notice lost in a broken stream then
+        costs a new primary no wait."""
+        if not self.primary:
+            return
+        told = {b.actor_key for b in self.backups}
+        if not barriers.told_everyone(group, generation, told):
             self.issue([], [], note=Passed(group, generation))
+            return
+        if not self._late_passes:
+            self.tasks.spawn(self._log_late_passes(), quiet=True)
+        self._late_passes[group] = generation
+
+    async def _log_late_passes(self) -> None:
+        await asyncio.sleep(LATE_PASS_S)
+        passes, self._late_passes = self._late_passes, {}
+        if self.primary and not self.deposed:
+            for group, generation in passes.items():
+                self.issue([], [], note=Passed(group, generation))
 
     async def control(self, method: str, *args: Any) -> None:
         """The primary took the control call ``method(*args)``: log it for every
@@ -253,62 +283,13 @@ class ReplicaLog:
             self._entry_acked(index)
         else:
             updates = [(k, _host(v)) for k, v in updates]
-            entry = encode_entry(index, updates, pushes, note, marks)
-            self.tasks.spawn(self._forward(backups, entry))
+            self.forwarder.send(backups, encode_entry(index, updates, pushes, note, marks))
         return index
 
     def _note_pushes(self, pushes: list[tuple]) -> None:
         for sender, key, seq in pushes:
             if self.applied_seq.get((sender, key), -1) < seq:
                 self.applied_seq[(sender, key)] = seq
-
-    async def _forward(self, backups: list[Peer], entry: tuple) -> None:
-        """Send ``entry`` to every backup, then acknowledge it. A backup that
-        cannot apply it is gone and the others carry on; one that has become
-        the primary (the ranks took this one for lost) deposes this one, which
-        then acknowledges nothing more: its entries, votes included, stay
-        unacknowledged, and the ranks resend their pushes to the new primary."""
-        if len(backups) == 1:  # the common case, without a task per backup
-            outcomes: list = [None]
-            try:
-                await self._forward_one(backups[0], entry)
-            except (Exception, asyncio.CancelledError) as exc:
-                outcomes = [exc]
-        else:
-            calls = [self._forward_one(b, entry) for b in backups]
-            outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        if any(is_deposed(out) for out in outcomes):
-            self.deposed = True
-        if self.deposed:
-            return
-        lost = [b for b, out in zip(backups, outcomes, strict=True) if out is not None]
-        if lost:  # a backup that cannot apply an entry is gone: the others carry on
-            self.group.drop(lost)
-            self.reports.backup_lost(lost, self.group.members)
-        self._entry_acked(entry[0])
-
-    async def _forward_one(self, backup: Peer, entry: tuple) -> None:
-        """Send ``entry`` to ``backup``. A call to a dead worker can sit in Dask's
-        connect retries for 30 s, so a reply slower than ``POLL_S`` makes the
-        primary ask the scheduler whether it still has that worker, and give
-        up on it (the call is cancelled) if not."""
-        timer = asyncio.get_running_loop().call_later(
-            POLL_S, self._watch_backup, backup, asyncio.current_task()
-        )
-        try:
-            await self.host.call_peer(backup, "replicate", [entry])
-        finally:
-            timer.cancel()
-
-    def _watch_backup(self, backup: Peer, task: asyncio.Task) -> None:
-        async def watch() -> None:
-            while not task.done():
-                if not await self.host.alive(backup.address):
-                    task.cancel()
-                    return
-                await asyncio.sleep(POLL_S)
-
-        self.tasks.spawn(watch())
 
     def _entry_acked(self, index: int) -> None:
         self._acks.add(index)
@@ -389,6 +370,6 @@ class ReplicaLog:
         """Start over from a primary's snapshot: every entry before its index applied."""
         self.group.rejoin(snap.members, snap.epoch)
         self.issued = self.acked = snap.index
-        self.deposed, self.seeded = False, True
+        self.forwarder.deposed, self.seeded = False, True
         self.applied_seq = dict(snap.applied_seq)
         self._log, self._acks = {}, set()

@@ -60,7 +60,7 @@ class NullLog:
     def told(self, sender: str, keys: list[Key]) -> None:
         pass
 
-    def barrier_passed(self, group: str, generation: Any) -> None:
+    def barrier_passed(self, group: str, generation: Any, barriers: Any) -> None:
         pass
 
     async def control(self, method: str, *args: Any) -> None:
