@@ -134,7 +134,9 @@ def _actor_keys(dask_worker):
     return list(dask_worker.state.actors)
 
 
-def _raw_call(address, actor_key, method, args):
+def _raw_messages(address, *messages):
+    """Write ``messages`` (``(seq, kind, (actor_key, method, args))``) on a stream
+    of Dask messages; the first message that comes back."""
     from distributed.comm import connect
 
     async def once():
@@ -142,7 +144,8 @@ def _raw_call(address, actor_key, method, args):
         try:
             # no "framing" in the hello: the worker end reads Dask messages
             await comm.write({"op": _stream.HANDLER, "reply": False})
-            await comm.write({"i": 7, "t": _stream.REQUEST, "v": (actor_key, method, args)})
+            for seq, kind, request in messages:
+                await comm.write({"i": seq, "t": kind, "v": request})
             return await asyncio.wait_for(comm.read(), 10)
         finally:
             comm.abort()
@@ -150,32 +153,25 @@ def _raw_call(address, actor_key, method, args):
     return asyncio.run(once())
 
 
-def _notice_then_call(address, actor_key, method, args):
-    """A notice of ``method(*args)``, then the same as a request: the first
-    message that comes back."""
-    from distributed.comm import connect
+def _raw_call(address, actor_key, method, args):
+    return _raw_messages(address, (7, _stream.REQUEST, (actor_key, method, args)))
 
-    async def once():
-        comm = await connect(address)
-        try:
-            await comm.write({"op": _stream.HANDLER, "reply": False})
-            await comm.write({"i": 7, "t": _stream.NOTICE, "v": (actor_key, method, args)})
-            await comm.write({"i": 8, "t": _stream.REQUEST, "v": (actor_key, method, args)})
-            return await asyncio.wait_for(comm.read(), 10)
-        finally:
-            comm.abort()
 
-    return asyncio.run(once())
+def _server_of(handle, kv):
+    """The worker address and actor key of the store's server 0."""
+    address = kv.placement()["w"][0]["replicas"][0]
+    (key,) = [k for k in _run_on(handle, _actor_keys, address) if k in str(kv._servers[0])]
+    return address, key
 
 
 def test_a_notice_runs_the_method_and_gets_no_answer(handle):
     kv = labkv.create("dist_sync", cluster=handle, num_servers=1, timeout=20)
     try:
         kv.init("w", np.ones(2, np.float32))
-        address = kv.placement()["w"][0]["replicas"][0]
-        (key,) = [k for k in _run_on(handle, _actor_keys, address) if k in str(kv._servers[0])]
+        address, key = _server_of(handle, kv)
         before = _run_on(handle, calls_served, address)
-        reply = _notice_then_call(address, key, "keys", [None])
+        request = (key, "keys", [None])
+        reply = _raw_messages(address, (7, _stream.NOTICE, request), (8, _stream.REQUEST, request))
         assert reply["i"] == 8 and reply["t"] == _stream.RESULT  # the request's, first
         assert _run_on(handle, calls_served, address) - before == 2  # both ran
     finally:
@@ -186,8 +182,7 @@ def test_the_worker_end_calls_only_a_servers_remote_methods(handle):
     kv = labkv.create("dist_sync", cluster=handle, num_servers=1, timeout=20)
     try:
         kv.init("w", np.ones(2, np.float32))
-        address = kv.placement()["w"][0]["replicas"][0]
-        (key,) = [k for k in _run_on(handle, _actor_keys, address) if k in str(kv._servers[0])]
+        address, key = _server_of(handle, kv)
         reply = _raw_call(address, key, "__init__", [0, "x", 1, True, 1.0, "t"])
         assert reply["i"] == 7 and reply["t"] == _stream.ERROR
         assert isinstance(reply["v"], KeyError)
