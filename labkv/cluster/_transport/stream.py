@@ -20,11 +20,11 @@ calls may be in flight at once. A notice is a request the server does not
 answer (a rank's barrier arrival at a backup, which nobody waits for).
 
 How a message is framed depends on the comm (:mod:`.framing`): on ``tcp://``
-both ends read and write their own frames on the comm's socket itself, taken
-from tornado once the hello is answered; on ``tls://`` the same frames go
-through the comm's ``IOStream``; on any other comm (``ucxx://``, ``ws://``,
-``inproc://``) messages go through ``comm.write``/``comm.read``. Either way the
-bytes travel on Dask's connection, under its TLS and authentication.
+and ``tls://`` both ends read and write their own frames on the comm's socket
+itself (on ``tls://`` its ``SSLSocket``), taken from tornado once the hello is
+answered; on any other comm (``ucxx://``, ``ws://``, ``inproc://``) messages go
+through ``comm.write``/``comm.read``. Either way the bytes travel on Dask's
+connection, under its TLS and authentication.
 
 The worker end runs each request as its own task (a pull may wait for other
 ranks' pushes while later calls are answered), and only names of the server's

@@ -35,16 +35,21 @@ class Forwarder:
         self.deposed = False  # a backup became the primary: acknowledge nothing more
 
     def send(self, backups: list[Peer], entry: tuple) -> None:
-        """Forward ``entry`` (``encode_entry``'s, its index first) to ``backups``."""
-        if len(backups) == 1:  # the common case
-            self._forward_now(backups[0], entry)
-        else:
-            self.tasks.spawn(self._forward(backups, entry))
+        """Forward ``entry`` (``encode_entry``'s, its index first) to ``backups``:
+        written to each now, acknowledged from its replies' callback, with no
+        task (a round's pulls wait for that acknowledgement)."""
+        replies = [self._start(b, entry) for b in backups]
+        # one backup (the common case): its reply itself, not a gather one loop turn later
+        done = replies[0] if len(replies) == 1 else asyncio.gather(*replies, return_exceptions=True)
+        done.add_done_callback(
+            lambda _: self._forwarded(backups, [_outcome(r) for r in replies], entry[0])
+        )
 
-    def _forward_now(self, backup: Peer, entry: tuple) -> None:
-        """:meth:`send` to one backup, with no task: the entry is written now
-        (a round's pulls wait for its acknowledgement, which its reply's
-        callback makes)."""
+    def _start(self, backup: Peer, entry: tuple) -> asyncio.Future:
+        """The call that sends ``entry`` to ``backup``. A call to a dead worker can
+        sit in Dask's connect retries for 30 s, so a reply slower than ``POLL_S``
+        makes the primary ask the scheduler whether it still has that worker, and
+        give up on it (the call is cancelled) if not."""
         loop = asyncio.get_running_loop()
         try:
             reply = self.tasks.spawn(self.host.call_peer(backup, "replicate", [entry]))
@@ -52,19 +57,8 @@ class Forwarder:
             reply = loop.create_future()
             reply.set_exception(exc)
         timer = loop.call_later(POLL_S, self._watch_backup, backup, reply)
-
-        def replied(reply: asyncio.Future) -> None:
-            timer.cancel()
-            outcome = asyncio.CancelledError() if reply.cancelled() else reply.exception()
-            self._forwarded([backup], [outcome], entry[0])
-
-        reply.add_done_callback(replied)
-
-    async def _forward(self, backups: list[Peer], entry: tuple) -> None:
-        """Send ``entry`` to every backup, then acknowledge it (see :meth:`_forwarded`)."""
-        calls = [self._forward_one(b, entry) for b in backups]
-        outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        self._forwarded(backups, outcomes, entry[0])
+        reply.add_done_callback(lambda _: timer.cancel())
+        return reply
 
     def _forwarded(self, backups: list[Peer], outcomes: list, index: int) -> None:
         """The ``index``-th entry reached ``backups`` with ``outcomes`` (None:
@@ -83,19 +77,6 @@ class Forwarder:
             self.reports.backup_lost(lost, self.group.members)
         self.acked(index)
 
-    async def _forward_one(self, backup: Peer, entry: tuple) -> None:
-        """Send ``entry`` to ``backup``. A call to a dead worker can sit in Dask's
-        connect retries for 30 s, so a reply slower than ``POLL_S`` makes the
-        primary ask the scheduler whether it still has that worker, and give
-        up on it (the call is cancelled) if not."""
-        timer = asyncio.get_running_loop().call_later(
-            POLL_S, self._watch_backup, backup, asyncio.current_task()
-        )
-        try:
-            await self.host.call_peer(backup, "replicate", [entry])
-        finally:
-            timer.cancel()
-
     def _watch_backup(self, backup: Peer, task: asyncio.Future) -> None:
         async def watch() -> None:
             while not task.done():
@@ -105,3 +86,8 @@ class Forwarder:
                 await asyncio.sleep(POLL_S)
 
         self.tasks.spawn(watch())
+
+
+def _outcome(reply: asyncio.Future) -> BaseException | None:
+    """What a finished call to a backup says: None, it applied the entry."""
+    return asyncio.CancelledError() if reply.cancelled() else reply.exception()
