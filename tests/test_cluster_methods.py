@@ -35,8 +35,8 @@ def test_a_message_method_takes_one_message():
             assert list(_remote_methods()[name].parameters) == ["self", "msg"], name
 
 
-def test_the_acknowledged_methods_are_the_data_path_and_the_replay():
-    assert {n for n, row in METHODS.items() if row.acknowledged} == {"push", "pull", "replay"}
+def test_the_acknowledged_methods_are_the_data_path_a_near_read_and_the_replay():
+    assert {n for n, row in METHODS.items() if row.acknowledged} == {"push", "pull", "read", "replay"}
     # a message method's reply is acknowledged: a replicated link counts on it
     assert all(row.acknowledged for row in METHODS.values() if row.message)
 
@@ -65,6 +65,7 @@ def test_only_methods_that_copy_what_they_keep_run_in_process():
     assert local == {
         "push",
         "pull",
+        "read",
         "keys",
         "wait_keys",
         "init",

@@ -44,6 +44,7 @@ METHODS: dict[str, Method] = _table(
     # a rank's data path
     Method("push", local=True, message=True, acknowledged=True),
     Method("pull", local=True, message=True, acknowledged=True),
+    Method("read", local=True, acknowledged=True),
     Method("init", local=True),
     Method("keys", local=True),
     Method("wait_keys", local=True),

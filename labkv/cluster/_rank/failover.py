@@ -8,6 +8,17 @@ replica (``Method.broadcast`` in :mod:`labkv.cluster._protocol.methods`); a barr
 the primary, its arrival also to the backups as a notice they do not answer
 (``Method.backups``); init and the settings to the primary, which logs them for its backups.
 
+A rank's dist_sync pull is a **near read** where it can be
+(:meth:`ReplicatedLink.near_backup`): the server has two replicas, the backup is
+on the rank's own worker, and the rank pushed every pulled key there. The pull's
+carried pushes go to the primary as pushes, and the pull to that backup, in
+process, which answers once it applied the rounds of the rank's last pushes of
+those keys: a value there is on both replicas, as one the primary returns
+after its backup acknowledged the round (so a failover changes no number), and
+the answer saves the primary's reply and the backup's acknowledgement on the
+way (``docs/cluster.md``, "Near reads"). The primary's push replies acknowledge the
+kept pushes; the backup's read acknowledges none (``acked`` None).
+
 The link owns its failover, as httpx keeps retries inside its transport: a
 :class:`Call` that finds the primary lost (the scheduler dropped its worker,
 or the connection broke) has its link promote the next live replica and
@@ -22,129 +33,22 @@ Above the seam a link fails only when every replica of its server is gone.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import TIMEOUTS, ClusterError, ServerLost, answered_by, failed_update, is_lost
+from .._errors import TIMEOUTS, ClusterError, ServerLost, answered_by, failed_update
 from .._options import DEFAULT_TIMEOUT_S
-from .._protocol.messages import Peer
+from .._protocol.messages import Peer, Push
 from .._protocol.methods import method as _method
-from .._transport.base import ServerLink, Waitable
+from .._transport.base import ServerLink
+from .replica_call import Call, Sent, failed
 
 MakeLink = Callable[[int, str, str], ServerLink]
 #: How often a store whose server lacks a replica asks for a new one again.
 RETRY_S = 2.0
-
-
-def _failed(exc: BaseException) -> concurrent.futures.Future:
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    future.set_exception(exc)
-    return future
-
-
-class Call:
-    """A call through a :class:`ReplicatedLink`: the primary's future (plus the
-    backups' for a broadcast), unwrapped when read. :meth:`result` fails over
-    and makes the call again (see module doc); ``acknowledge``: the reply is
-    ``(acked, epoch, payload)`` (a tracked held push's future has none)."""
-
-    __slots__ = ("acknowledge", "args", "generation", "inner", "link", "method", "others")
-
-    def __init__(
-        self,
-        link: ReplicatedLink,
-        method: str,
-        args: tuple,
-        inner: Waitable,
-        others: list[Waitable],
-        acknowledge: bool,
-    ):
-        self.link, self.method, self.args = link, method, args
-        self.inner, self.acknowledge = inner, acknowledge
-        self.others = list(zip(link.members[1:], others))  # (backup, its future)
-        self.generation = link.generation
-
-    def reply(self, timeout: float | None = None) -> Any:
-        """The answer to the call as made, without failover: the primary's reply
-        (its acknowledgement taken), once the backups answered too (one gone, or
-        silent on a worker the scheduler dropped, is no error; its answer is)."""
-        out = self.inner.result(timeout)
-        for peer, other in self.others:
-            try:
-                other.result(timeout)
-            except TIMEOUTS:
-                if not self.link.backup_gone(peer):
-                    raise
-            except Exception as exc:
-                if answered_by(exc) is not None:
-                    raise
-        return self.link.acknowledged(out) if self.acknowledge else out
-
-    def result(self, timeout: float | None = None) -> Any:
-        """The reply, waiting at most ``timeout`` each time the call is made: a
-        lost primary is failed over, and the call made again on the new one
-        (a push returns None then: the replay carried it)."""
-        link = self.link
-        while True:
-            if self.generation != link.generation and not self.inner.done():
-                # Made on a primary replaced since: its wait would watch the new
-                # primary, alive, while the call sits on the dead one's connection.
-                if not self._again():
-                    return None
-                continue
-            try:
-                out = self.reply(timeout)
-            except TIMEOUTS as exc:
-                if answered_by(exc) is not None or link.primary_lost() is None:
-                    raise  # not answered yet: the caller waits on
-            except Exception as exc:
-                if link.told_before(exc):
-                    if not self._again():
-                        return None
-                    continue
-                if not is_lost(exc):
-                    raise
-            else:
-                link.after_reply()
-                return out
-            link.fail_over(self.generation)
-            if not self._again():
-                return None
-
-    def _again(self) -> bool:
-        """Make the call again on the link's primary of now; False for a push."""
-        if self.method == "push":
-            return False
-        if self.method == "pull":  # the pushes it carried were replayed with the others
-            self.args = (self.args[0]._replace(pushes=()),)
-        self.inner, others = self.link.send(self.method, self.args)
-        self.others = list(zip(self.link.members[1:], others))
-        self.generation = self.link.generation
-        return True
-
-    def done(self) -> bool:
-        """Whether every replica called has answered the call as made."""
-        return self.inner.done() and all(o.done() for _, o in self.others)
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The error of :meth:`reply`, or None: what a done-callback reads (it
-        runs on the link's loop, where no failover may wait; the call's waiter
-        fails over)."""
-        try:
-            self.reply(timeout)
-        except TIMEOUTS:
-            raise
-        except BaseException as exc:
-            return exc
-        return None
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        """``fn(call)`` once the primary has answered (on the link's loop)."""
-        self.inner.add_done_callback(lambda _: fn(self))
 
 
 class ReplicatedLink(ServerLink):
@@ -184,6 +88,8 @@ class ReplicatedLink(ServerLink):
         self.gone: list[Peer] = []  # replicas known lost
         self.told: set[tuple] = set()  # the failed updates raised (see told_before)
         self.wanted = len(self.members)  # how many replicas the group should have
+        self.near = False  # dist_sync pulls may be near reads (see bind)
+        self.last_push: dict[Any, int] = {}  # key -> seq of the sender's last push of it
         self._retry_at = 0.0  # when to ask for a missing replica again
 
     @property
@@ -205,34 +111,41 @@ class ReplicatedLink(ServerLink):
         timeout: float,
         on_failover: Callable[[ReplicatedLink, str | None], None] | None = None,
         on_promoted: Callable[[ReplicatedLink], None] | None = None,
+        near: bool = False,
     ) -> None:
         """Carry the calls of ``sender`` (whose kept pushes a failover replays),
         waiting at most ``timeout`` for a step of a failover; ``on_failover(link,
         old)`` hears of each failover (``old``: the lost primary's worker) and
         of each lost backup (``old`` None); ``on_promoted(link)`` of a new
-        primary before the kept pushes are replayed to it."""
+        primary before the kept pushes are replayed to it; ``near``: the
+        sender's pulls are dist_sync pulls, near reads where they can be."""
         self.sender, self.timeout = sender, timeout
         self.on_failover, self.on_promoted = on_failover, on_promoted
+        self.near = near
 
     def replicas(self) -> list[str]:
         return [m.address for m in self.members]
 
     # -- calls ----------------------------------------------------------------------------
     def call(self, method: str, *args: Any) -> Call:
-        inner, others = self.send(method, args)
-        return Call(self, method, args, inner, others, _method(method).acknowledged)
+        return Call(self, method, args, self.send(method, args), _method(method).acknowledged)
 
-    def send(self, method: str, args: tuple) -> tuple[Waitable, list[Waitable]]:
+    def send(self, method: str, args: tuple, near: bool = True) -> Sent:
         """``method(*args)`` on the primary, and on every backup for a broadcast:
         the futures (a call that cannot be made is a failed one). A method with ``backups`` sends
-        them that method first, unanswered, and the primary their actor keys as one more argument."""
+        them that method first, unanswered, and the primary their actor keys as one more argument.
+        A pull is a near read where it can be (and ``near``)."""
         others, row = [], _method(method)
+        if method == "pull" and near:
+            backup = self.near_backup(args[0])
+            if backup is not None:
+                return self._read_near(backup, args[0])
         if row.broadcast:
             for m in self.members[1:]:
                 try:
-                    others.append(self.links[m].call(method, *args))
+                    others.append((m, self.links[m].call(method, *args)))
                 except ClusterError as exc:
-                    others.append(_failed(exc))
+                    others.append((m, failed(exc)))
         elif row.backups is not None:
             told = []
             for m in self.members[1:]:
@@ -243,22 +156,52 @@ class ReplicatedLink(ServerLink):
         try:
             inner = self.primary.call(method, *args)
         except ClusterError as exc:
-            inner = _failed(exc)
-        return inner, others
+            inner = failed(exc)
+        return Sent(inner, others)
 
-    def track(self, method: str, future: Waitable) -> Call:
-        return Call(self, method, (), future, [], acknowledge=False)
+    def near_backup(self, pull: Any) -> Peer | None:
+        """The backup a pull reads from (see module doc), or None: the primary."""
+        if not self.near or pull.step is not None or len(self.members) != 2 or self.wanted != 2:
+            return None
+        backup = self.members[1]
+        if not self.links[backup].same_process or self.links[backup].lost() is not None:
+            return None
+        last = self.last_push
+        return backup if all(k in last for k in pull.keys) else None
+
+    def _read_near(self, backup: Peer, pull: Any) -> Sent:
+        """The pull's carried pushes to the primary, the pull to ``backup``."""
+        carried = []
+        for push in pull.pushes:
+            try:
+                carried.append(self.primary.call("push", push))
+            except ClusterError as exc:
+                carried.append(failed(exc))
+        seqs = [self.last_push[k] for k in pull.keys]
+        args = (pull.sender, pull.rank, pull.keys, seqs, pull.rows)
+        try:
+            inner = self.links[backup].call("read", *args)
+        except ClusterError as exc:
+            inner = failed(exc)
+        return Sent(inner, carried=carried)
+
+    def track(self, method: str, future: Any) -> Call:
+        return Call(self, method, (), Sent(future), acknowledge=False)
 
     def keep(self, seq: int, msg: Any) -> None:
         with self.lock:
             self.kept[seq] = msg
             self.sent = max(self.sent, seq + 1)
+        if isinstance(msg, Push):
+            for key in msg.header.keys:
+                self.last_push[key] = seq
 
     def acknowledged(self, reply: tuple) -> Any:
-        """Forget the pushes a reply ``(acked, epoch, payload)`` acknowledges; the payload."""
+        """Forget the pushes a reply ``(acked, epoch, payload)`` acknowledges
+        (``acked`` None: none); the payload."""
         acked, epoch, payload = reply
         with self.lock:
-            for seq in [q for q in self.kept if q < acked]:
+            for seq in [q for q in self.kept if acked is not None and q < acked]:
                 del self.kept[seq]
         if epoch != self.epoch:
             self.epoch, self.stale = epoch, True

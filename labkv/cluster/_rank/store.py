@@ -83,8 +83,7 @@ class DistStore(KVStore):
         self._rank, self._num_workers, self._owner = rank, num_workers, owner
         self._handle, self._release = handle, release
         self._links, self._on_replica_lost = links, on_replica_lost
-        # The values of a waited-for push that timed out: the next push, if it is
-        # the same, is its retry, and is not sent again (see _push_impl).
+        # A waited-for push that timed out: the next push, if the same, is its retry (_push_impl).
         self._timed_out: list[tuple[Key, list[Any]]] | None = None
         # A run's ranks send as "<run's barrier group>/<rank>.<incarnation>/...": a
         # stopped run's servers refuse them, and a lost rank's once it is replaced
@@ -105,8 +104,9 @@ class DistStore(KVStore):
         streams = Streaming(handle.client, self._id, self._calls, spec.timeout) if handle else None
         self._streaming = streams
         self.events = EventBus(self._id) if self._streaming is None else self._streaming.bus
+        hooks = (self._failed_over, self._promoted, spec.sync)  # spec.sync: near reads
         for link in links:
-            link.bind(self._calls.sender, spec.timeout, self._failed_over, self._promoted)
+            link.bind(self._calls.sender, spec.timeout, *hooks)
 
     # -- identity ----------------------------------------------------------------
     @property

@@ -2,10 +2,8 @@
 
 :class:`Server` is the actor's object and nothing else: each remote method (called on a stream,
 :mod:`labkv.cluster._transport.stream`, or as an actor call) decodes, hands over to the part that
-holds the rule, and replies. The parts, built in ``__init__``: keys, orders, rounds, clocks, the
-mode (what a push and a pull do, :mod:`.modes`), updates and votes, events, settings and fences
-(:mod:`.control`), waits and barriers (:mod:`.waiting`), step marks (:mod:`.replication.steps`),
-and the log (:mod:`.replication`).
+holds the rule (built in ``__init__``; what a push and a pull do: the mode, :mod:`.modes`), and
+replies.
 
 Every method is ``async def`` and runs on the worker's event loop: a wait (another rank's push, a
 barrier) is an ``await``, and the loop serves other calls meanwhile (a blocking method would stall
@@ -32,12 +30,13 @@ from .._transport.base import Host
 from .clocks import Clocks
 from .control import Fences, Settings, first_time, go_on_without, taken
 from .keys import KeyTable, store_new_keys
-from .modes import AsyncMode, SspMode, SyncMode
+from .modes import new_mode
 from .order import SenderOrder, UpdateQueues
 from .replication.group import Group
 from .replication.log import ReplicaLog
 from .replication.notes import NoteEffects
 from .replication.null import NullLog
+from .replication.reads import read_here
 from .replication.seed import Seeding, ServerSnapshot, join
 from .replication.steps import StepMarks
 from .reports import Reports
@@ -90,12 +89,7 @@ class Server:
         self.updates = Updates(*state, *calls)
         parts = (self.shard, self.table, self.rounds, self.reports, self.waiting, self.log)
         parts = (*parts, self.updates, self.marks)
-        if sync:
-            self.mode = SyncMode(*parts, staging=self.staging)
-        elif staleness is None:
-            self.mode = AsyncMode(*parts, queues=self.queues, kept=self.kept)
-        else:
-            self.mode = SspMode(*parts, queues=self.queues, kept=self.kept, clocks=self.clocks)
+        self.mode = new_mode(parts, sync, self.staging, self.queues, self.kept, self.clocks)
         self.seeding: Seeding | None = None  # with replicas (join_group)
         self.fences = Fences(sid)  # the senders refused for good
         publish = functools.partial(host.log_event, topic)
@@ -178,6 +172,11 @@ class Server:
         before = None if pull.step is None else self.mode.as_of(pull.keys, pull.rank, pull.step)
         values = self.mode.values(pull.keys, own, before, pull.rows)  # rows: see _rows.server
         return self.log.reply(pull.sender, values, self.mode)
+
+    @answered
+    async def read(self, sender: str, rank: int | None, keys: list, seqs: list, rows: Any) -> tuple:
+        """A pull by a rank of this backup's worker (see :mod:`.replication.reads`)."""
+        return await read_here(self, sender, rank, keys, seqs, rows)
 
     async def _apply_carried(self, pushes: list) -> None:
         """Apply each held push (:mod:`labkv.cluster._rank.holding`) as :meth:`push`

@@ -20,10 +20,9 @@ Every push first goes through :meth:`Mode.intake`: its keys checked, its
 values read with this server's piece shapes, a resend the log has applied
 dropped, compressed codes decoded. Every pull's reply is :meth:`Mode.values`.
 
-Inside ``kv.steps`` a push and a pull carry the rank's step: a push of a
-(key, rank, step) already here is a replacement's replay, skipped (and
-audited), and a dist_sync pull reads the key as of its step's start (see
-:mod:`labkv.cluster._server.replication.steps`).
+Inside ``kv.steps`` a push and a pull carry the rank's step: a push of a (key, rank, step)
+already here is a replacement's replay, skipped (and audited), and a dist_sync pull reads the
+key as of its step's start (see :mod:`labkv.cluster._server.replication.steps`).
 """
 
 from __future__ import annotations
@@ -383,3 +382,19 @@ class SspMode(AsyncMode):
 
     def restore(self, snap: ClocksSnapshot | None) -> None:
         self.clocks.restore(snap)
+
+
+def new_mode(
+    parts: tuple,
+    sync: bool,
+    staging: Staging,
+    queues: UpdateQueues,
+    kept: KeptVotes,
+    clocks: Clocks | None,
+) -> Mode:
+    """A server's mode: dist_sync, dist_async, or dist_ssp (with ``clocks``)."""
+    if sync:
+        return SyncMode(*parts, staging=staging)
+    if clocks is None:
+        return AsyncMode(*parts, queues=queues, kept=kept)
+    return SspMode(*parts, queues=queues, kept=kept, clocks=clocks)

@@ -117,10 +117,11 @@ class ServerLink:
         timeout: float,
         on_failover: Callable[[Any, str | None], None] | None = None,
         on_promoted: Callable[[Any], None] | None = None,
+        near: bool = False,
     ) -> None:
         """The calls of ``sender`` go through this link from now on, each wait
-        bounded by ``timeout``; ``on_failover(link, old)`` and
-        ``on_promoted(link)`` hear of its replicas (see
+        bounded by ``timeout``; ``on_failover(link, old)``, ``on_promoted(link)``
+        and ``near`` concern its replicas (see
         :meth:`labkv.cluster._rank.failover.ReplicatedLink.bind`). A plain link
         has no replicas to report on."""
 

@@ -1,0 +1,72 @@
+"""A backup's reads: a dist_sync pull of a rank on the backup's own worker.
+
+With two replicas, an update the backup applied is on both (the primary
+applies it before it issues the entry). So once the backup applied the round
+of the rank's last push of each pulled key, it answers the pull with the
+values the primary would return after the backup acknowledged that round; a
+failover then changes no number the rank read. The primary's reply and the
+backup's acknowledgement are off the rank's way (see
+:mod:`labkv.cluster._rank.failover`).
+
+A rank names, per key, the sequence number of its last push of it; the entry
+of that push's round notes it as applied (``ReplicaLog.applied_seq``). A
+backup that cannot answer (not a dist_sync server, not seeded, or one of more
+than two replicas: the third may lack what this one applied) answers None,
+and the rank asks the primary.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...._types import Key
+from ..modes import SyncMode
+from .log import ReplicaLog
+
+if TYPE_CHECKING:
+    from ..actor import Server
+
+
+def can_read(server: Server) -> bool:
+    """Whether ``server`` answers a near read (see module doc)."""
+    log = server.log
+    return (
+        isinstance(log, ReplicaLog)
+        and isinstance(server.mode, SyncMode)
+        and log.seeded
+        and len(log.group.members) == 2
+    )
+
+
+async def read_here(
+    server: Server, sender: str, rank: int | None, keys: list[Key], seqs: list[int], rows: Any
+) -> tuple:
+    """``(None, epoch, values)`` of ``keys`` once the rounds of ``sender``'s pushes
+    ``seqs`` of them are applied here (``rows``: as a pull's); payload None: ask the primary."""
+    server.fences.check(sender, rank)
+    if not can_read(server):
+        return (None, server.log.members()[0], None)
+    log: ReplicaLog = server.log  # type: ignore[assignment]
+    applied = log.applied_seq
+
+    def waiting_for() -> list[tuple[Key, int]]:
+        return [(k, q) for k, q in zip(keys, seqs, strict=True) if applied.get((sender, k), -1) < q]
+
+    def missing() -> str:
+        key, seq = waiting_for()[0]
+        return (
+            f"the round of push #{seq} of key {key!r} by rank {rank} is not applied on this "
+            f"replica: its primary on {log.group.members[0].address} has not forwarded it"
+        )
+
+    await server.waiting.until(lambda: not waiting_for(), missing)
+    for key in keys:
+        failed = server.rounds[key].report_to(sender)
+        if failed is not None:
+            if log.primary:  # promoted while it waited: no replica tells it again
+                log.told(sender, [key])
+            raise failed
+    if log.primary:  # promoted while it waited: its own backups first
+        await log.replicated()
+    server.reports.messages["pull"] += 1
+    return (None, log.group.epoch, server.mode.values(keys, set(keys), None, rows))

@@ -1,0 +1,171 @@
+"""Near reads: a dist_sync rank pulls a replicated server's keys from the backup
+on its own worker, once that backup applied the rounds of the rank's pushes
+(``labkv.cluster._rank.failover``, ``labkv.cluster._server.replication.reads``).
+
+In-process replicas with ``wire=False`` make every server "in this process", as
+a backup on a rank's own worker is; the last test runs ranks on a real
+LocalCluster, where the link to such a backup is Dask's in-process one."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import numpy as np
+import pytest
+
+import labkv
+from labkv.cluster._rank.failover import ReplicatedLink
+from tests._inprocess import InProcessCluster
+from tests.test_cluster_replicas import _train
+
+
+def near(kind="dist_sync", num_servers=1, replicas=2, **kw):
+    """Replicated in-process servers that every rank reaches in-process."""
+    kw.setdefault("timeout", 5.0)
+    return InProcessCluster(kind, num_servers, 2, replicas=replicas, wire=False, **kw)
+
+
+def _pulls(servers):
+    return [sv.reports.messages["pull"] for sv in servers]
+
+
+def test_a_pull_waits_on_the_backup_until_it_applied_the_round_then_reads_it_there():
+    with near() as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init("w", np.zeros(3, np.float32))
+        primary, backup = c.group.replicas_of[0]
+        held = c.group.host.delay("replicate")  # the round's entry waits on its way
+        r0.push("w", np.ones(3, np.float32))
+        r1.push("w", np.full(3, 2.0, np.float32))
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            pulls = [pool.submit(kv.pull, "w") for kv in c.ranks]
+            time.sleep(0.3)
+            # The primary completed the round; the backup has not applied it.
+            assert not any(p.done() for p in pulls)
+            np.testing.assert_array_equal(primary.shard.read("w"), [3.0, 3.0, 3.0])
+            held.release()
+            for p in pulls:
+                np.testing.assert_array_equal(p.result(timeout=10), [3.0, 3.0, 3.0])
+        assert _pulls([primary, backup]) == [0, 2]  # both read on the backup
+
+
+def test_a_primary_lost_before_its_backup_got_the_round_is_failed_over_by_the_waiting_read():
+    with near() as c:
+        for kv in c.ranks:
+            kv.init("w", np.zeros(3, np.float32))
+        c.group.host.delay("replicate")  # never released: the entry dies with the primary
+        for kv in c.ranks:
+            kv.push("w", np.full(3, kv.rank + 1.0, np.float32))
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            pulls = [pool.submit(kv.pull, "w") for kv in c.ranks]
+            time.sleep(0.2)
+            c.group.kill(0)  # the backup is promoted, the ranks' pushes replayed to it
+            for p in pulls:
+                np.testing.assert_array_equal(p.result(timeout=10), [3.0, 3.0, 3.0])
+        (survivor,) = c.group.servers_by_name(0)
+        assert survivor.primary
+        np.testing.assert_array_equal(survivor.shard.read("w"), [3.0, 3.0, 3.0])
+
+
+def test_killing_the_primary_while_ranks_read_from_its_backup_changes_no_number():
+    with near(num_servers=2, bigarray_bound=16) as c:
+        undisturbed, states = _train(c, 12)
+        backups = [c.group.replicas_of[s][1] for s in range(2)]
+        assert all(n > 0 for n in _pulls(backups)), "the backups answered no pull"
+    with near(num_servers=2, bigarray_bound=16) as c:
+        values, states_after = _train(c, 12, kill_at=5)
+        assert c.group.servers_by_name(0)[0].primary  # the backup took over
+    for a, b in zip(values, undisturbed, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert states_after[:2] == states[:2]
+    for key in states[2]:
+        for a, b in zip(states_after[2][key], states[2][key], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_failed_round_is_raised_by_the_backup_once_to_each_rank():
+    def too_big(key, grad, stored):
+        if np.abs(grad).max() > 10:
+            raise ValueError(f"gradient of {key} too big")
+        stored += grad
+
+    with near() as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init("w", np.zeros(2, np.float32))
+        r0.set_updater(too_big)
+        for kv in c.ranks:
+            kv.push("w", np.full(2, 6.0, np.float32))
+        primary, backup = c.group.replicas_of[0]
+        for kv in c.ranks:
+            with pytest.raises(ValueError, match="too big"):
+                kv.pull("w")
+            np.testing.assert_array_equal(kv.pull("w"), [0.0, 0.0])  # told once
+        assert _pulls([primary]) == [0]
+
+
+@pytest.mark.parametrize(
+    ("kind", "replicas"), [("dist_async", 2), ("dist_ssp", 2), ("dist_sync", 3)]
+)
+def test_pulls_go_to_the_primary_where_a_backup_cannot_vouch_for_every_replica(kind, replicas):
+    kw = {"staleness": 1} if kind == "dist_ssp" else {}
+    with near(kind, replicas=replicas, **kw) as c:
+        for kv in c.ranks:
+            kv.init("w", np.zeros(3, np.float32))
+        for kv in c.ranks:
+            kv.push("w", np.ones(3, np.float32))
+        for kv in c.ranks:
+            kv.pull("w")
+        primary, *backups = c.group.replicas_of[0]
+        assert _pulls([primary]) == [2] and _pulls(backups) == [0] * len(backups)
+
+
+def test_a_backup_that_cannot_answer_sends_the_rank_to_the_primary():
+    # A rank that takes a dist_async server for a dist_sync one: its backup answers
+    # no value (it cannot tell which rounds are whose), and the rank asks the primary.
+    with near("dist_async") as c:
+        kv = c.ranks[0]
+        kv.init("w", np.zeros(3, np.float32))
+        kv._links[0].near = True
+        kv.push("w", np.ones(3, np.float32))
+        np.testing.assert_array_equal(kv.pull("w"), [1.0, 1.0, 1.0])
+        primary, backup = c.group.replicas_of[0]
+        assert _pulls([primary, backup]) == [1, 0]
+
+
+def _read_where(kv):
+    """Ten push+pull rounds of a rank; the values, and per server id the pulls
+    its replicas on this rank's worker answered (None: none there)."""
+    keys = ["w", "big"]
+    outs = [np.empty(3, np.float32), np.empty(1000, np.float32)]
+    for step in range(10):
+        kv.push(keys, [np.full(3, step + kv.rank, np.float32), np.ones(1000, np.float32)])
+        kv.pull(keys, out=outs)
+    here = []
+    for link in kv._links:
+        replicas = link.links.values() if isinstance(link, ReplicatedLink) else [link]
+        local = [ln for ln in replicas if ln.same_process]
+        here.append(None if not local else (local[0].server.primary, _pulls([local[0].server])[0]))
+    return [o.copy() for o in outs], here
+
+
+@pytest.mark.slow
+def test_ranks_on_a_local_cluster_read_a_remote_primary_s_keys_on_their_own_worker():
+    pytest.importorskip("distributed")
+    from labkv.cluster import connect, run
+
+    with connect(n_workers=2, dashboard_address=None, memory_limit="1GiB") as handle:
+        results = {}
+        for replicas in (1, 2):
+            kv = labkv.create("dist_sync", cluster=handle, num_servers=2, replicas=replicas)
+            kv.init(["w", "big"], [np.zeros(3, np.float32), np.zeros(1000, np.float32)])
+            results[replicas] = run(_read_where, num_workers=2, cluster=handle, kvstore=kv)
+            kv.close()
+    for (one, _), (two, here) in zip(results[1], results[2], strict=True):
+        for a, b in zip(one, two, strict=True):
+            np.testing.assert_array_equal(a, b)
+        # Each worker holds one server's primary and the other's backup: the rank
+        # read the backup's server on its backup (10 pulls), its primary's on it.
+        assert sorted(here) == [(False, 10), (True, 10)], here
