@@ -169,3 +169,18 @@ def test_ranks_on_a_local_cluster_read_a_remote_primary_s_keys_on_their_own_work
         # Each worker holds one server's primary and the other's backup: the rank
         # read the backup's server on its backup (10 pulls), its primary's on it.
         assert sorted(here) == [(False, 10), (True, 10)], here
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_row_sparse_pulls_read_on_the_backup_give_the_local_stores_rows(servers):
+    from tests.test_cluster_sparse import PROGRAMS, _dist_run, _local_run, _same
+
+    for program in PROGRAMS:
+        want = _local_run(program, 2, sync=True)
+        with near(num_servers=servers, timeout=10.0) as c:
+            got = _dist_run(c, program, sync=True)
+            backups = [c.group.replicas_of[s][1] for s in range(servers)]
+            read_on_backups = sum(_pulls(backups))
+        for pulled in got:
+            _same(pulled, want, exact=False)
+        assert read_on_backups > 0
