@@ -36,7 +36,12 @@ def test_a_message_method_takes_one_message():
 
 
 def test_the_acknowledged_methods_are_the_data_path_a_near_read_and_the_replay():
-    assert {n for n, row in METHODS.items() if row.acknowledged} == {"push", "pull", "read", "replay"}
+    assert {n for n, row in METHODS.items() if row.acknowledged} == {
+        "push",
+        "pull",
+        "read",
+        "replay",
+    }
     # a message method's reply is acknowledged: a replicated link counts on it
     assert all(row.acknowledged for row in METHODS.values() if row.message)
 

@@ -17,6 +17,7 @@ import pytest
 import labkv
 from labkv.cluster._rank.failover import ReplicatedLink
 from tests._inprocess import InProcessCluster
+from tests._same_run import assert_same_run
 from tests.test_cluster_replicas import _train
 
 
@@ -77,12 +78,7 @@ def test_killing_the_primary_while_ranks_read_from_its_backup_changes_no_number(
     with near(num_servers=2, bigarray_bound=16) as c:
         values, states_after = _train(c, 12, kill_at=5)
         assert c.group.servers_by_name(0)[0].primary  # the backup took over
-    for a, b in zip(values, undisturbed, strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert states_after[:2] == states[:2]
-    for key in states[2]:
-        for a, b in zip(states_after[2][key], states[2][key], strict=True):
-            np.testing.assert_array_equal(a, b)
+    assert_same_run(values, states_after, undisturbed, states)
 
 
 def test_a_failed_round_is_raised_by_the_backup_once_to_each_rank():

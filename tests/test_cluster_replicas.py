@@ -15,6 +15,7 @@ import labkv
 from labkv.cluster._errors import ClusterError
 from labkv.cluster._protocol.entries import Passed, decode_entry
 from tests._inprocess import InProcessCluster
+from tests._same_run import assert_same_run
 from tests._waiting import in_threads, wait_until
 
 
@@ -77,12 +78,7 @@ def test_killing_a_primary_mid_run_changes_no_number(kind, replicas):
     with replicated(kind, num_workers=num_workers, bigarray_bound=16, replicas=replicas, **kw) as c:
         values, states_after = _train(c, 12, kill_at=5)
         assert c.group.servers_by_name(0)[0].primary  # the backup took over
-    for a, b in zip(values, undisturbed, strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert states_after[0] == states[0] and states_after[1] == states[1]
-    for key in states[2]:
-        for a, b in zip(states_after[2][key], states[2][key], strict=True):
-            np.testing.assert_array_equal(a, b)
+    assert_same_run(values, states_after, undisturbed, states)
 
 
 def _add(key, grad, stored):

@@ -14,6 +14,7 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError
+from tests._same_run import assert_same_run
 from tests._waiting import wait_until
 
 pytestmark = pytest.mark.slow  # real LocalClusters whose workers are killed
@@ -75,12 +76,7 @@ def test_a_killed_primary_changes_no_number_of_a_training_run(handle3, kind):
     start = time.monotonic()
     after, states_after, kv, events = _train(handle3, kind, kill_at=random.randint(3, 20))
     try:
-        for a, b in zip(after, values, strict=True):
-            np.testing.assert_array_equal(a, b)
-        assert states_after[:2] == states[:2]
-        for key in states[2]:
-            for a, b in zip(states_after[2][key], states[2][key], strict=True):
-                np.testing.assert_array_equal(a, b)
+        assert_same_run(after, states_after, values, states)
         ops = [e.op for e in events]
         assert "failover" in ops and "reseed" in ops
         assert time.monotonic() - start < 60
