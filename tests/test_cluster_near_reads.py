@@ -118,17 +118,22 @@ def test_pulls_go_to_the_primary_where_a_backup_cannot_vouch_for_every_replica(k
         assert _pulls([primary]) == [2] and _pulls(backups) == [0] * len(backups)
 
 
-def test_a_backup_that_cannot_answer_sends_the_rank_to_the_primary():
+def test_a_backup_that_cannot_answer_sends_the_rank_to_the_primary(monkeypatch):
     # A rank that takes a dist_async server for a dist_sync one: its backup answers
     # no value (it cannot tell which rounds are whose), and the rank asks the primary.
     with near("dist_async") as c:
         kv = c.ranks[0]
         kv.init("w", np.zeros(3, np.float32))
-        kv._links[0].near = True
+        link = kv._links[0]
+        link.near = True
+        primary, backup = c.group.replicas_of[0]
+        backup.log.group.epoch += 5  # as a replica not seeded yet may be: not the group's
+        refreshed = []
+        monkeypatch.setattr(link, "refresh", lambda: refreshed.append(1))
         kv.push("w", np.ones(3, np.float32))
         np.testing.assert_array_equal(kv.pull("w"), [1.0, 1.0, 1.0])
-        primary, backup = c.group.replicas_of[0]
         assert _pulls([primary, backup]) == [1, 0]
+        assert refreshed == []  # the refusal names no epoch: nothing to learn from it
 
 
 def _read_where(kv):

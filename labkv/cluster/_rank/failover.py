@@ -198,12 +198,13 @@ class ReplicatedLink(ServerLink):
 
     def acknowledged(self, reply: tuple) -> Any:
         """Forget the pushes a reply ``(acked, epoch, payload)`` acknowledges
-        (``acked`` None: none); the payload."""
+        (``acked`` None: none), and note a newer epoch (None: the reply names
+        none); the payload."""
         acked, epoch, payload = reply
         with self.lock:
             for seq in [q for q in self.kept if acked is not None and q < acked]:
                 del self.kept[seq]
-        if epoch != self.epoch:
+        if epoch is not None and epoch != self.epoch:
             self.epoch, self.stale = epoch, True
         return payload
 

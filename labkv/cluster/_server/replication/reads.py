@@ -42,10 +42,11 @@ async def read_here(
     server: Server, sender: str, rank: int | None, keys: list[Key], seqs: list[int], rows: Any
 ) -> tuple:
     """``(None, epoch, values)`` of ``keys`` once the rounds of ``sender``'s pushes
-    ``seqs`` of them are applied here (``rows``: as a pull's); payload None: ask the primary."""
+    ``seqs`` of them are applied here (``rows``: as a pull's); ``(None, None, None)``:
+    ask the primary."""
     server.fences.check(sender, rank)
     if not can_read(server):
-        return (None, server.log.members()[0], None)
+        return (None, None, None)  # and nothing of the group: it may not be seeded yet
     log: ReplicaLog = server.log  # type: ignore[assignment]
     applied = log.applied_seq
 
