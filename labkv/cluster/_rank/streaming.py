@@ -11,7 +11,8 @@ from typing import Any
 from .._errors import ClusterError
 from .._events import ClusterBus, topic_of
 from .._transport.base import ServerLink
-from .._transport.dask import forget_topic, on_client_loop
+from .._transport.dask import on_client_loop
+from .._transport.scheduler import forget_topic
 from .calls import Calls
 
 __all__ = ["Streaming"]
@@ -69,7 +70,7 @@ class Streaming:
 
     def forget(self) -> None:
         """Drop this store's events from the scheduler (best effort: see
-        :func:`labkv.cluster._transport.dask.forget_topic`)."""
+        :func:`labkv.cluster._transport.scheduler.forget_topic`)."""
         if on_client_loop(self.client):
             return
         with contextlib.suppress(Exception):  # the scheduler may be gone

@@ -24,7 +24,7 @@ import distributed
 from distributed import Client, LocalCluster, Security
 
 from .._errors import ClusterError
-from .._transport.dask import _gone, raise_if_scheduler_gone
+from .._transport.scheduler import _gone, raise_if_scheduler_gone
 
 
 class ClusterHandle:

@@ -39,7 +39,8 @@ from .._options import (
 )
 from .._placement import DEFAULT_BIGARRAY_BOUND
 from .._rank.store import DistStore
-from .._transport.dask import raise_if_scheduler_gone, scheduler_gone, worker_loop
+from .._transport.dask import worker_loop
+from .._transport.scheduler import raise_if_scheduler_gone, scheduler_gone
 from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
 from .elastic import Replacer, check_on_rank_loss, check_shrink

@@ -24,7 +24,8 @@ import distributed
 from ..._interrupts import sigint_held
 from .._errors import ClusterError, ServerLost
 from .._options import StoreSpec
-from .._transport.dask import ActorLink, actor_address, raise_if_scheduler_gone
+from .._transport.dask import ActorLink, actor_address
+from .._transport.scheduler import raise_if_scheduler_gone
 from .connect import ClusterHandle
 from .elastic import Replacer
 from .links import replicated_links
