@@ -137,8 +137,9 @@ def test_a_backup_that_cannot_answer_sends_the_rank_to_the_primary(monkeypatch):
 
 
 def _read_where(kv):
-    """Ten push+pull rounds of a rank; the values, and per server id the pulls
-    its replicas on this rank's worker answered (None: none there)."""
+    """Ten push+pull rounds of a rank; the values, per server id the pulls its
+    replicas on this rank's worker answered (None: none there), and the pushes
+    its replicated links still keep."""
     keys = ["w", "big"]
     outs = [np.empty(3, np.float32), np.empty(1000, np.float32)]
     for step in range(10):
@@ -149,7 +150,8 @@ def _read_where(kv):
         replicas = link.links.values() if isinstance(link, ReplicatedLink) else [link]
         local = [ln for ln in replicas if ln.same_process]
         here.append(None if not local else (local[0].server.primary, _pulls([local[0].server])[0]))
-    return [o.copy() for o in outs], here
+    kept = [len(link.kept) for link in kv._links if isinstance(link, ReplicatedLink)]
+    return [o.copy() for o in outs], here, kept
 
 
 @pytest.mark.slow
@@ -164,12 +166,51 @@ def test_ranks_on_a_local_cluster_read_a_remote_primary_s_keys_on_their_own_work
             kv.init(["w", "big"], [np.zeros(3, np.float32), np.zeros(1000, np.float32)])
             results[replicas] = run(_read_where, num_workers=2, cluster=handle, kvstore=kv)
             kv.close()
-    for (one, _), (two, here) in zip(results[1], results[2], strict=True):
+    for (one, _, _), (two, here, kept) in zip(results[1], results[2], strict=True):
         for a, b in zip(one, two, strict=True):
             np.testing.assert_array_equal(a, b)
         # Each worker holds one server's primary and the other's backup: the rank
         # read the backup's server on its backup (10 pulls), its primary's on it.
         assert sorted(here) == [(False, 10), (True, 10)], here
+        # the pushes' replies acknowledged what the reads found on both replicas
+        assert max(kept) <= 2, kept
+
+
+def _refused_beside_a_near_read(kv):
+    """Fence this rank on the primary of the server whose backup shares its
+    worker (not on that backup), then push and pull there: the error, and how
+    long the pull took to raise it."""
+    from labkv.cluster import ClusterError
+
+    kv.push(["a", "b"], [np.ones(3, np.float32)] * 2)
+    kv.pull(["a", "b"])  # one of them a near read; the streams to the primaries are open
+    (link,) = [ln for ln in kv._links if ln.links[ln.members[1]].same_process]
+    (key,) = [k for k, p in kv.placement().items() if p[0]["server"] == link.sid]
+    link.primary.call("fence", kv._calls.sender, kv.rank, 0.0).result(10)
+    kv.push(key, np.ones(3, np.float32))  # held, then sent to the primary beside the read
+    start = time.monotonic()
+    try:
+        kv.pull(key)
+    except ClusterError as exc:
+        return str(exc), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_a_push_the_primary_refuses_beside_a_near_read_is_raised_at_once():
+    pytest.importorskip("distributed")
+    from labkv.cluster import connect, run
+
+    with connect(n_workers=2, dashboard_address=None, memory_limit="1GiB") as handle:
+        kv = labkv.create("dist_sync", cluster=handle, num_servers=2, replicas=2, timeout=20)
+        kv.init(["a", "b"], [np.zeros(3, np.float32), np.zeros(3, np.float32)])
+        assert {p[0]["server"] for p in kv.placement().values()} == {0, 1}
+        (error, took) = run(_refused_beside_a_near_read, num_workers=1, cluster=handle, kvstore=kv)[
+            0
+        ]
+        kv.close()
+    assert error is not None and "refuses rank 0" in error, error
+    assert took < 10  # the primary's refusal, not the read's 20 s wait for the round
 
 
 @pytest.mark.parametrize("servers", [1, 2])
