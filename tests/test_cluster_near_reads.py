@@ -21,10 +21,10 @@ from tests._same_run import assert_same_run
 from tests.test_cluster_replicas import _train
 
 
-def near(kind="dist_sync", num_servers=1, replicas=2, **kw):
+def near(kind="dist_sync", num_servers=1, replicas=2, num_workers=2, **kw):
     """Replicated in-process servers that every rank reaches in-process."""
     kw.setdefault("timeout", 5.0)
-    return InProcessCluster(kind, num_servers, 2, replicas=replicas, wire=False, **kw)
+    return InProcessCluster(kind, num_servers, num_workers, replicas=replicas, wire=False, **kw)
 
 
 def _pulls(servers):
@@ -70,15 +70,39 @@ def test_a_primary_lost_before_its_backup_got_the_round_is_failed_over_by_the_wa
         np.testing.assert_array_equal(survivor.shard.read("w"), [3.0, 3.0, 3.0])
 
 
-def test_killing_the_primary_while_ranks_read_from_its_backup_changes_no_number():
-    with near(num_servers=2, bigarray_bound=16) as c:
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
+def test_killing_the_primary_while_ranks_read_from_its_backup_changes_no_number(kind):
+    # one rank pushing as it goes in dist_async: a deterministic order
+    kw = {"num_servers": 2, "bigarray_bound": 16, "num_workers": 1 if kind == "dist_async" else 2}
+    with near(kind, **kw) as c:
         undisturbed, states = _train(c, 12)
         backups = [c.group.replicas_of[s][1] for s in range(2)]
         assert all(n > 0 for n in _pulls(backups)), "the backups answered no pull"
-    with near(num_servers=2, bigarray_bound=16) as c:
+    with near(kind, **kw) as c:
         values, states_after = _train(c, 12, kill_at=5)
         assert c.group.servers_by_name(0)[0].primary  # the backup took over
     assert_same_run(values, states_after, undisturbed, states)
+
+
+def test_a_dist_async_pull_waits_on_the_backup_for_the_rank_s_own_pushes_only():
+    with near("dist_async") as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init("w", np.zeros(3, np.float32))
+        primary, backup = c.group.replicas_of[0]
+        r0.push("w", np.ones(3, np.float32))
+        np.testing.assert_array_equal(r0.pull("w"), [1.0, 1.0, 1.0])  # its own push
+        held = c.group.host.delay("replicate")
+        r1.push("w", np.full(3, 2.0, np.float32))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pull = pool.submit(r1.pull, "w")
+            time.sleep(0.3)
+            assert not pull.done()  # rank 1's push is not on the backup yet
+            # rank 0 pushed nothing since: it reads what the backup has, on both replicas
+            np.testing.assert_array_equal(r0.pull("w"), [1.0, 1.0, 1.0])
+            held.release()
+            np.testing.assert_array_equal(pull.result(timeout=10), [2.0, 2.0, 2.0])  # assigned
+        assert _pulls([primary, backup]) == [0, 3]
 
 
 def test_a_failed_round_is_raised_by_the_backup_once_to_each_rank():
@@ -102,9 +126,7 @@ def test_a_failed_round_is_raised_by_the_backup_once_to_each_rank():
         assert _pulls([primary]) == [0]
 
 
-@pytest.mark.parametrize(
-    ("kind", "replicas"), [("dist_async", 2), ("dist_ssp", 2), ("dist_sync", 3)]
-)
+@pytest.mark.parametrize(("kind", "replicas"), [("dist_ssp", 2), ("dist_sync", 3)])
 def test_pulls_go_to_the_primary_where_a_backup_cannot_vouch_for_every_replica(kind, replicas):
     kw = {"staleness": 1} if kind == "dist_ssp" else {}
     with near(kind, replicas=replicas, **kw) as c:
@@ -119,9 +141,9 @@ def test_pulls_go_to_the_primary_where_a_backup_cannot_vouch_for_every_replica(k
 
 
 def test_a_backup_that_cannot_answer_sends_the_rank_to_the_primary(monkeypatch):
-    # A rank that takes a dist_async server for a dist_sync one: its backup answers
-    # no value (it cannot tell which rounds are whose), and the rank asks the primary.
-    with near("dist_async") as c:
+    # A rank that takes a dist_ssp server for another: its backup answers no value
+    # (its pulls wait on every rank's clock), and the rank asks the primary.
+    with near("dist_ssp", staleness=1) as c:
         kv = c.ranks[0]
         kv.init("w", np.zeros(3, np.float32))
         link = kv._links[0]

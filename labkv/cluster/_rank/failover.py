@@ -8,13 +8,13 @@ replica (``Method.broadcast`` in :mod:`labkv.cluster._protocol.methods`); a barr
 the primary, its arrival also to the backups as a notice they do not answer
 (``Method.backups``); init and the settings to the primary, which logs them for its backups.
 
-A rank's dist_sync pull is a **near read** where it can be
+A rank's dist_sync or dist_async pull is a **near read** where it can be
 (:meth:`ReplicatedLink.near_backup`): the server has two replicas, the backup is
 on the rank's own worker, and the rank pushed every pulled key there. The pull's
 carried pushes go to the primary as pushes, and the pull to that backup, in
-process, which answers once it applied the rounds of the rank's last pushes of
+process, which answers once it applied the updates of the rank's last pushes of
 those keys: a value there is on both replicas, as one the primary returns
-after its backup acknowledged the round (so a failover changes no number), and
+after its backup acknowledged the update (so a failover changes no number), and
 the answer saves the primary's reply and the backup's acknowledgement on the
 way (``docs/cluster.md``, "Near reads"). The primary's push replies acknowledge the
 kept pushes; the backup's read acknowledges none (``acked`` None).
@@ -88,7 +88,7 @@ class ReplicatedLink(ServerLink):
         self.gone: list[Peer] = []  # replicas known lost
         self.told: set[tuple] = set()  # the failed updates raised (see told_before)
         self.wanted = len(self.members)  # how many replicas the group should have
-        self.near = False  # dist_sync pulls may be near reads (see bind)
+        self.near = False  # pulls may be near reads (see bind)
         self.last_push: dict[Any, int] = {}  # key -> seq of the sender's last push of it
         self._retry_at = 0.0  # when to ask for a missing replica again
 
@@ -118,7 +118,7 @@ class ReplicatedLink(ServerLink):
         old)`` hears of each failover (``old``: the lost primary's worker) and
         of each lost backup (``old`` None); ``on_promoted(link)`` of a new
         primary before the kept pushes are replayed to it; ``near``: the
-        sender's pulls are dist_sync pulls, near reads where they can be."""
+        sender's pulls are dist_sync or dist_async pulls, near reads where they can be."""
         self.sender, self.timeout = sender, timeout
         self.on_failover, self.on_promoted = on_failover, on_promoted
         self.near = near

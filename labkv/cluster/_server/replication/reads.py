@@ -1,18 +1,21 @@
-"""A backup's reads: a dist_sync pull of a rank on the backup's own worker.
+"""A backup's reads: a dist_sync or dist_async pull of a rank on the backup's own worker.
 
 With two replicas, an update the backup applied is on both (the primary
-applies it before it issues the entry). So once the backup applied the round
-of the rank's last push of each pulled key, it answers the pull with the
-values the primary would return after the backup acknowledged that round; a
-failover then changes no number the rank read. The primary's reply and the
-backup's acknowledgement are off the rank's way (see
-:mod:`labkv.cluster._rank.failover`).
+applies it before it issues the entry). So once the backup applied the
+update (a dist_sync round, a dist_async push) of the rank's last push of each
+pulled key, it answers the pull with values the primary could return after
+the backup acknowledged that update; a failover then changes no number the
+rank read. The primary's reply and the backup's acknowledgement are off the
+rank's way (see :mod:`labkv.cluster._rank.failover`). In dist_async the
+backup may not have applied yet what other ranks pushed since, as the
+primary might not have when the pull reached it: a dist_async pull waits for
+the rank's own pushes only.
 
 A rank names, per key, the sequence number of its last push of it; the entry
-of that push's round notes it as applied (``ReplicaLog.applied_seq``). A
-backup that cannot answer (not a dist_sync server, not seeded, or one of more
-than two replicas: the third may lack what this one applied) answers None,
-and the rank asks the primary.
+of that push's update notes it as applied (``ReplicaLog.applied_seq``). A
+backup that cannot answer (a dist_ssp server, whose pulls wait on clocks; not
+seeded; or one of more than two replicas: the third may lack what this one
+applied) answers None, and the rank asks the primary.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...._types import Key
-from ..modes import SyncMode
 from .log import ReplicaLog
 
 if TYPE_CHECKING:
@@ -32,7 +34,7 @@ def can_read(server: Server) -> bool:
     log = server.log
     return (
         isinstance(log, ReplicaLog)
-        and isinstance(server.mode, SyncMode)
+        and server.clocks is None  # dist_sync or dist_async
         and log.seeded
         and len(log.group.members) == 2
     )
