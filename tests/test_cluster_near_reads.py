@@ -105,6 +105,21 @@ def test_a_dist_async_pull_waits_on_the_backup_for_the_rank_s_own_pushes_only():
         assert _pulls([primary, backup]) == [0, 3]
 
 
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
+def test_a_big_value_read_on_the_backup_is_the_rank_s_own(kind):
+    # 2 MiB: above the size a server sends without a copy when nothing may change it
+    with near(kind, num_workers=1, bigarray_bound=1 << 30) as c:
+        kv = c.ranks[0]
+        kv.init("w", np.zeros(1 << 19, np.float32))
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=1.0))  # updates in place
+        kv.push("w", np.ones(1 << 19, np.float32))
+        first = kv.pull("w")
+        kv.push("w", np.ones(1 << 19, np.float32))
+        np.testing.assert_array_equal(kv.pull("w")[:3], [-2.0, -2.0, -2.0])
+        np.testing.assert_array_equal(first[:3], [-1.0, -1.0, -1.0])  # not the server's
+        assert _pulls(c.group.replicas_of[0]) == [0, 2]
+
+
 def test_a_failed_round_is_raised_by_the_backup_once_to_each_rank():
     def too_big(key, grad, stored):
         if np.abs(grad).max() > 10:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...._types import Key
+from ..modes import SyncMode
 from .log import ReplicaLog
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def can_read(server: Server) -> bool:
 async def read_here(
     server: Server, sender: str, rank: int | None, keys: list[Key], seqs: list[int], rows: Any
 ) -> tuple:
-    """``(None, epoch, values)`` of ``keys`` once the rounds of ``sender``'s pushes
+    """``(None, epoch, values)`` of ``keys`` once the updates of ``sender``'s pushes
     ``seqs`` of them are applied here (``rows``: as a pull's); ``(None, None, None)``:
     ask the primary."""
     server.fences.check(sender, rank)
@@ -58,7 +59,7 @@ async def read_here(
     def missing() -> str:
         key, seq = waiting_for()[0]
         return (
-            f"the round of push #{seq} of key {key!r} by rank {rank} is not applied on this "
+            f"the update of push #{seq} of key {key!r} by rank {rank} is not applied on this "
             f"replica: its primary on {log.group.members[0].address} has not forwarded it"
         )
 
@@ -72,4 +73,7 @@ async def read_here(
     if log.primary:  # promoted while it waited: its own backups first
         await log.replicated()
     server.reports.messages["pull"] += 1
-    return (None, log.group.epoch, server.mode.values(keys, set(keys), None, rows))
+    # A big dist_sync value goes without a copy, as the primary's own-round reads do (no
+    # entry changes it before this rank pushes again); another rank's dist_async push may.
+    own = set(keys) if isinstance(server.mode, SyncMode) else set()
+    return (None, log.group.epoch, server.mode.values(keys, own, None, rows))
