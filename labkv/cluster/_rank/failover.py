@@ -44,7 +44,7 @@ from .._options import DEFAULT_TIMEOUT_S
 from .._protocol.messages import Peer, Push
 from .._protocol.methods import method as _method
 from .._transport.base import ServerLink
-from .replica_call import Call, Sent, failed
+from .replica_call import Call, Sent, call_or_failed
 
 MakeLink = Callable[[int, str, str], ServerLink]
 #: How often a store whose server lacks a replica asks for a new one again.
@@ -141,11 +141,7 @@ class ReplicatedLink(ServerLink):
             if backup is not None:
                 return self._read_near(backup, args[0])
         if row.broadcast:
-            for m in self.members[1:]:
-                try:
-                    others.append((m, self.links[m].call(method, *args)))
-                except ClusterError as exc:
-                    others.append((m, failed(exc)))
+            others = [(m, call_or_failed(self.links[m], method, *args)) for m in self.members[1:]]
         elif row.backups is not None:
             told = []
             for m in self.members[1:]:
@@ -153,11 +149,7 @@ class ReplicatedLink(ServerLink):
                     self.links[m].notify(row.backups, *args)
                     told.append(m.actor_key)
             args = (*args, tuple(told))
-        try:
-            inner = self.primary.call(method, *args)
-        except ClusterError as exc:
-            inner = failed(exc)
-        return Sent(inner, others)
+        return Sent(call_or_failed(self.primary, method, *args), others)
 
     def near_backup(self, pull: Any) -> Peer | None:
         """The backup a pull reads from (see module doc), or None: the primary."""
@@ -171,19 +163,10 @@ class ReplicatedLink(ServerLink):
 
     def _read_near(self, backup: Peer, pull: Any) -> Sent:
         """The pull's carried pushes to the primary, the pull to ``backup``."""
-        carried = []
-        for push in pull.pushes:
-            try:
-                carried.append(self.primary.call("push", push))
-            except ClusterError as exc:
-                carried.append(failed(exc))
+        carried = [call_or_failed(self.primary, "push", push) for push in pull.pushes]
         seqs = [self.last_push[k] for k in pull.keys]
         args = (pull.sender, pull.rank, pull.keys, seqs, pull.rows)
-        try:
-            inner = self.links[backup].call("read", *args)
-        except ClusterError as exc:
-            inner = failed(exc)
-        return Sent(inner, carried=carried)
+        return Sent(call_or_failed(self.links[backup], "read", *args), carried=carried)
 
     def track(self, method: str, future: Any) -> Call:
         return Call(self, method, (), Sent(future), acknowledge=False)

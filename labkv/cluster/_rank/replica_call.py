@@ -4,8 +4,8 @@ as made, read back with the link's failover.
 A call is made on the primary (a broadcast on the backups too). A rank's pull
 may instead be a **near read** (see :mod:`.failover`): the pushes it carried
 go to the primary as pushes, and the pull to the backup on the rank's own
-worker, which answers once it applied the rounds of the rank's last pushes of
-the pulled keys. Its payload is None when that backup cannot answer (it is no
+worker, which answers once it applied the updates of the rank's last pushes
+of the pulled keys. Its payload is None when that backup cannot answer (it is no
 longer one of two replicas): the call is then made on the primary.
 """
 
@@ -15,19 +15,23 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._errors import TIMEOUTS, answered_by, is_lost
+from .._errors import TIMEOUTS, ClusterError, answered_by, is_lost
 from .._protocol.messages import Peer
-from .._transport.base import Waitable
+from .._transport.base import ServerLink, Waitable
 
 if TYPE_CHECKING:
     from .failover import ReplicatedLink
 
 
-def failed(exc: BaseException) -> concurrent.futures.Future:
-    """A future that failed with ``exc`` (a call that could not even be made)."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    future.set_exception(exc)
-    return future
+def call_or_failed(link: ServerLink, method: str, *args: Any) -> Waitable:
+    """``link.call(method, *args)``; a call that cannot even be made (its server
+    known lost) is a failed future, so that its waiter meets the error."""
+    try:
+        return link.call(method, *args)
+    except ClusterError as exc:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_exception(exc)
+        return future
 
 
 class Sent:
@@ -60,10 +64,6 @@ class Call:
         self.link, self.method, self.args = link, method, args
         self.sent, self.acknowledge = sent, acknowledge
         self.generation = link.generation
-
-    @property
-    def inner(self) -> Waitable:
-        return self.sent.inner
 
     def reply(self, timeout: float | None = None) -> Any:
         """The answer to the call as made, without failover: the primary's reply
