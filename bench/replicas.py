@@ -1,7 +1,8 @@
-"""What replicas cost: dist_sync push+pull with ``replicas=2`` against ``replicas=1``,
-measured in alternating blocks inside the same ranks.
+"""What replicas cost: push+pull with ``replicas=2`` against ``replicas=1``, measured
+in alternating blocks inside the same ranks (dist_sync; ``--kind``: dist_async, or
+dist_ssp with staleness 1).
 
-    python bench/replicas.py [--quick] [--replicas=R]
+    python bench/replicas.py [--quick] [--replicas=R] [--kind=dist_async|dist_ssp]
 
 W = 2 ranks on an embedded LocalCluster of max(2, R) workers (with R = 2,
 every backup is on the other worker). Two stores with the same servers count
@@ -69,15 +70,17 @@ def _ranks(kv, specs, case, pairs):
     return times
 
 
-def main(quick: bool = False, replicas: int = 2) -> None:
+def main(quick: bool = False, replicas: int = 2, kind: str = "dist_sync") -> None:
     import labkv
     from labkv.cluster import connect, run
 
     pairs = 5 if quick else 15
+    extra = {"staleness": 1} if kind == "dist_ssp" else {}
     workers = max(2, replicas)
     with connect(n_workers=workers, dashboard_address=None) as handle:
         print(
-            f"dist_sync, W = 2 ranks on {workers} workers, push+pull per iteration; "
+            f"{kind}{' (staleness 1)' if kind == 'dist_ssp' else ''}, W = 2 ranks on "
+            f"{workers} workers, push+pull per iteration; "
             f"replicas = {replicas} keeps each server's copies on {replicas} workers"
         )
         print(
@@ -91,7 +94,7 @@ def main(quick: bool = False, replicas: int = 2) -> None:
         for servers in (1, 2):
             for case in CASES:
                 made = [
-                    labkv.create("dist_sync", cluster=handle, num_servers=servers, replicas=r)
+                    labkv.create(kind, cluster=handle, num_servers=servers, replicas=r, **extra)
                     for r in (1, replicas)
                 ]
                 for store in made:
@@ -122,6 +125,14 @@ def main(quick: bool = False, replicas: int = 2) -> None:
                     store.close()
 
 
+def _option(name: str, default: str) -> str:
+    given = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith(f"--{name}=")]
+    return given[-1] if given else default
+
+
 if __name__ == "__main__":
-    given = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--replicas=")]
-    main(quick="--quick" in sys.argv, replicas=int(given[-1]) if given else 2)
+    main(
+        quick="--quick" in sys.argv,
+        replicas=int(_option("replicas", "2")),
+        kind=_option("kind", "dist_sync"),
+    )

@@ -1,5 +1,6 @@
-"""Near reads: a dist_sync rank pulls a replicated server's keys from the backup
-on its own worker, once that backup applied the rounds of the rank's pushes
+"""Near reads: a rank pulls a replicated server's keys from the backup on its
+own worker, once that backup applied the updates of the rank's pushes (and, in
+dist_ssp, every rank is within the staleness bound by the backup's clocks)
 (``labkv.cluster._rank.failover``, ``labkv.cluster._server.replication.reads``).
 
 In-process replicas with ``wire=False`` make every server "in this process", as
@@ -70,10 +71,14 @@ def test_a_primary_lost_before_its_backup_got_the_round_is_failed_over_by_the_wa
         np.testing.assert_array_equal(survivor.shard.read("w"), [3.0, 3.0, 3.0])
 
 
-@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_async", "dist_ssp"])
 def test_killing_the_primary_while_ranks_read_from_its_backup_changes_no_number(kind):
-    # one rank pushing as it goes in dist_async: a deterministic order
-    kw = {"num_servers": 2, "bigarray_bound": 16, "num_workers": 1 if kind == "dist_async" else 2}
+    # one rank pushing as it goes in dist_async and dist_ssp: a deterministic order
+    kw = {"num_servers": 2, "bigarray_bound": 16, "num_workers": 2}
+    if kind != "dist_sync":
+        kw["num_workers"] = 1
+    if kind == "dist_ssp":
+        kw["staleness"] = 0
     with near(kind, **kw) as c:
         undisturbed, states = _train(c, 12)
         backups = [c.group.replicas_of[s][1] for s in range(2)]
@@ -120,6 +125,52 @@ def test_a_big_value_read_on_the_backup_is_the_rank_s_own(kind):
         assert _pulls(c.group.replicas_of[0]) == [0, 2]
 
 
+def _adding(key, grad, stored):
+    stored += grad
+
+
+def test_a_dist_ssp_pull_on_the_backup_waits_for_the_slowest_rank_by_the_backup_s_clocks():
+    with near("dist_ssp", staleness=0) as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init("w", np.zeros(3, np.float32))
+        r0.set_updater(_adding)
+        primary, backup = c.group.replicas_of[0]
+        r0.push("w", np.ones(3, np.float32))
+        deadline = time.monotonic() + 5
+        while backup.clocks.clock("w", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # rank 0's push reaches the backup
+        held = c.group.host.delay("replicate")
+        r1.push("w", np.full(3, 2.0, np.float32))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pull = pool.submit(r0.pull, "w")
+            time.sleep(0.3)
+            # The primary applied rank 1's push, so its clocks let rank 0 read; the
+            # backup has not, and its clocks (which follow its values) do not.
+            assert primary.clocks.ready("w", 0) and not backup.clocks.ready("w", 0)
+            assert not pull.done()
+            held.release()
+            np.testing.assert_array_equal(pull.result(timeout=10), [3.0, 3.0, 3.0])
+        np.testing.assert_array_equal(r1.pull("w"), [3.0, 3.0, 3.0])
+        assert _pulls([primary, backup]) == [0, 2]
+
+
+def test_a_dist_ssp_read_that_outwaits_its_timeout_names_the_slowest_rank_and_changes_nothing():
+    with near("dist_ssp", staleness=0, timeout=1.0) as c:
+        r0, r1 = c.ranks
+        for kv in c.ranks:
+            kv.init("w", np.zeros(3, np.float32))
+        r0.set_updater(_adding)
+        r0.push("w", np.ones(3, np.float32))
+        with pytest.raises(Exception, match="slowest: rank 1 at clock 0"):
+            r0.pull("w")
+        r1.push("w", np.full(3, 2.0, np.float32))
+        for kv in c.ranks:
+            np.testing.assert_array_equal(kv.pull("w"), [3.0, 3.0, 3.0])
+        primary, backup = c.group.replicas_of[0]
+        assert _pulls([primary]) == [0] and _pulls([backup])[0] >= 2
+
+
 def test_a_failed_round_is_raised_by_the_backup_once_to_each_rank():
     def too_big(key, grad, stored):
         if np.abs(grad).max() > 10:
@@ -141,10 +192,11 @@ def test_a_failed_round_is_raised_by_the_backup_once_to_each_rank():
         assert _pulls([primary]) == [0]
 
 
-@pytest.mark.parametrize(("kind", "replicas"), [("dist_ssp", 2), ("dist_sync", 3)])
-def test_pulls_go_to_the_primary_where_a_backup_cannot_vouch_for_every_replica(kind, replicas):
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_ssp"])
+def test_pulls_go_to_the_primary_where_a_backup_cannot_vouch_for_every_replica(kind):
+    # with three replicas, the third may lack what the rank's own backup applied
     kw = {"staleness": 1} if kind == "dist_ssp" else {}
-    with near(kind, replicas=replicas, **kw) as c:
+    with near(kind, replicas=3, **kw) as c:
         for kv in c.ranks:
             kv.init("w", np.zeros(3, np.float32))
         for kv in c.ranks:
@@ -156,15 +208,17 @@ def test_pulls_go_to_the_primary_where_a_backup_cannot_vouch_for_every_replica(k
 
 
 def test_a_backup_that_cannot_answer_sends_the_rank_to_the_primary(monkeypatch):
-    # A rank that takes a dist_ssp server for another: its backup answers no value
-    # (its pulls wait on every rank's clock), and the rank asks the primary.
-    with near("dist_ssp", staleness=1) as c:
+    # A backup that cannot answer (as one not seeded yet) answers no value, and the
+    # rank asks the primary.
+    from labkv.cluster._server.replication import reads
+
+    with near(num_workers=1) as c:
         kv = c.ranks[0]
         kv.init("w", np.zeros(3, np.float32))
         link = kv._links[0]
-        link.near = True
         primary, backup = c.group.replicas_of[0]
-        backup.log.group.epoch += 5  # as a replica not seeded yet may be: not the group's
+        monkeypatch.setattr(reads, "can_read", lambda server: False)
+        backup.log.group.epoch += 5  # as a replica being seeded may have: not the group's
         refreshed = []
         monkeypatch.setattr(link, "refresh", lambda: refreshed.append(1))
         kv.push("w", np.ones(3, np.float32))

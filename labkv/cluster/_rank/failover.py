@@ -8,7 +8,7 @@ replica (``Method.broadcast`` in :mod:`labkv.cluster._protocol.methods`); a barr
 the primary, its arrival also to the backups as a notice they do not answer
 (``Method.backups``); init and the settings to the primary, which logs them for its backups.
 
-A rank's dist_sync or dist_async pull is a **near read** where it can be
+A rank's pull is a **near read** where it can be
 (:meth:`ReplicatedLink.near_backup`): the server has two replicas, the backup is
 on the rank's own worker, and the rank pushed every pulled key there. The pull's
 carried pushes go to the primary as pushes, and the pull to that backup, in
@@ -118,7 +118,7 @@ class ReplicatedLink(ServerLink):
         old)`` hears of each failover (``old``: the lost primary's worker) and
         of each lost backup (``old`` None); ``on_promoted(link)`` of a new
         primary before the kept pushes are replayed to it; ``near``: the
-        sender's pulls are dist_sync or dist_async pulls, near reads where they can be."""
+        sender is a rank, whose pulls are near reads where they can be."""
         self.sender, self.timeout = sender, timeout
         self.on_failover, self.on_promoted = on_failover, on_promoted
         self.near = near

@@ -104,7 +104,7 @@ class DistStore(KVStore):
         streams = Streaming(handle.client, self._id, self._calls, spec.timeout) if handle else None
         self._streaming = streams
         self.events = EventBus(self._id) if self._streaming is None else self._streaming.bus
-        hooks = (self._failed_over, self._promoted, spec.staleness is None)  # near reads
+        hooks = (self._failed_over, self._promoted, True)  # pulls are near reads where they can be
         for link in links:
             link.bind(self._calls.sender, spec.timeout, *hooks)
 

@@ -1,21 +1,24 @@
-"""A backup's reads: a dist_sync or dist_async pull of a rank on the backup's own worker.
+"""A backup's reads: a pull of a rank on the backup's own worker.
 
 With two replicas, an update the backup applied is on both (the primary
 applies it before it issues the entry). So once the backup applied the
-update (a dist_sync round, a dist_async push) of the rank's last push of each
-pulled key, it answers the pull with values the primary could return after
-the backup acknowledged that update; a failover then changes no number the
-rank read. The primary's reply and the backup's acknowledgement are off the
-rank's way (see :mod:`labkv.cluster._rank.failover`). In dist_async the
-backup may not have applied yet what other ranks pushed since, as the
-primary might not have when the pull reached it: a dist_async pull waits for
-the rank's own pushes only.
+update (a dist_sync round, a dist_async or dist_ssp push) of the rank's last
+push of each pulled key, it answers the pull with values the primary could
+return after the backup acknowledged that update; a failover then changes no
+number the rank read. The primary's reply and the backup's acknowledgement
+are off the rank's way (see :mod:`labkv.cluster._rank.failover`). In
+dist_async the backup may not have applied yet what other ranks pushed
+since, as the primary might not have when the pull reached it: a dist_async
+pull waits for the rank's own pushes only. A dist_ssp pull then also waits
+until every rank is within the staleness bound by this replica's clocks,
+which tick as it applies the log (so they never run ahead of the values it
+holds): the bound holds of what it returns, as on the primary.
 
 A rank names, per key, the sequence number of its last push of it; the entry
 of that push's update notes it as applied (``ReplicaLog.applied_seq``). A
-backup that cannot answer (a dist_ssp server, whose pulls wait on clocks; not
-seeded; or one of more than two replicas: the third may lack what this one
-applied) answers None, and the rank asks the primary.
+backup that cannot answer (not seeded; or one of more than two replicas:
+the third may lack what this one applied) answers None, and the rank asks
+the primary.
 """
 
 from __future__ import annotations
@@ -33,12 +36,7 @@ if TYPE_CHECKING:
 def can_read(server: Server) -> bool:
     """Whether ``server`` answers a near read (see module doc)."""
     log = server.log
-    return (
-        isinstance(log, ReplicaLog)
-        and server.clocks is None  # dist_sync or dist_async
-        and log.seeded
-        and len(log.group.members) == 2
-    )
+    return isinstance(log, ReplicaLog) and log.seeded and len(log.group.members) == 2
 
 
 async def read_here(
@@ -64,6 +62,8 @@ async def read_here(
         )
 
     await server.waiting.until(lambda: not waiting_for(), missing)
+    if server.clocks is not None:  # dist_ssp: every rank within the bound, by these clocks
+        await server.mode.readable(sender, keys, rank)
     for key in keys:
         failed = server.rounds[key].report_to(sender)
         if failed is not None:
