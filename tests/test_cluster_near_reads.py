@@ -267,6 +267,41 @@ def test_ranks_on_a_local_cluster_read_a_remote_primary_s_keys_on_their_own_work
         assert max(kept) <= 2, kept
 
 
+def _ssp_steps(kv):
+    """Ten push+pull rounds of a dist_ssp rank, a barrier, one more pull; that
+    pull's values and, per server id, the pulls its replica on this worker answered."""
+    keys = ["w", "big"]
+    for step in range(10):
+        kv.push(keys, [np.full(3, step + kv.rank, np.float32), np.ones(1000, np.float32)])
+        kv.pull(keys)
+    kv.barrier()
+    values = kv.pull(keys)
+    here = []
+    for link in kv._links:
+        local = [ln for ln in link.links.values() if ln.same_process]
+        here.append((local[0].server.primary, _pulls([local[0].server])[0]))
+    return values, here
+
+
+@pytest.mark.slow
+def test_dist_ssp_ranks_on_a_local_cluster_read_on_their_own_worker_within_the_bound():
+    pytest.importorskip("distributed")
+    from labkv.cluster import connect, run
+
+    with connect(n_workers=2, dashboard_address=None, memory_limit="1GiB") as handle:
+        kv = labkv.create("dist_ssp", cluster=handle, num_servers=2, replicas=2, staleness=0)
+        kv.init(["w", "big"], [np.zeros(3, np.float32), np.zeros(1000, np.float32)])
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=1.0))  # w -= each push
+        results = run(_ssp_steps, num_workers=2, cluster=handle, kvstore=kv)
+        kv.close()
+    pushed = sum(np.full(3, step + rank, np.float32) for step in range(10) for rank in (0, 1))
+    for values, here in results:
+        np.testing.assert_array_equal(values[0], -pushed)
+        np.testing.assert_array_equal(values[1], np.full(1000, -20.0, np.float32))
+        # each rank read the remote primary's server on its own worker's backup
+        assert sorted(here) == [(False, 11), (True, 11)], here
+
+
 def _refused_beside_a_near_read(kv):
     """Fence this rank on the primary of the server whose backup shares its
     worker (not on that backup), then push and pull there: the error, and how
