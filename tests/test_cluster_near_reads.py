@@ -10,6 +10,7 @@ LocalCluster, where the link to such a backup is Dask's in-process one."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 
 import numpy as np
@@ -30,6 +31,31 @@ def near(kind="dist_sync", num_servers=1, replicas=2, num_workers=2, **kw):
 
 def _pulls(servers):
     return [sv.reports.messages["pull"] for sv in servers]
+
+
+@contextlib.contextmanager
+def _two_workers():
+    """A LocalCluster of two workers, and ``labkv.cluster.run``."""
+    pytest.importorskip("distributed")
+    from labkv.cluster import connect, run
+
+    with connect(n_workers=2, dashboard_address=None, memory_limit="1GiB") as handle:
+        yield handle, run
+
+
+@contextlib.contextmanager
+def _ssp_ranks(**kw):
+    """Two dist_ssp ranks (staleness 0) on near-read replicas, key "w" at zeros,
+    updated by adding each push."""
+    with near("dist_ssp", staleness=0, **kw) as c:
+        for kv in c.ranks:
+            kv.init("w", np.zeros(3, np.float32))
+        c.ranks[0].set_updater(_adding)
+        yield c
+
+
+def _adding(key, grad, stored):
+    stored += grad
 
 
 def test_a_pull_waits_on_the_backup_until_it_applied_the_round_then_reads_it_there():
@@ -125,16 +151,9 @@ def test_a_big_value_read_on_the_backup_is_the_rank_s_own(kind):
         assert _pulls(c.group.replicas_of[0]) == [0, 2]
 
 
-def _adding(key, grad, stored):
-    stored += grad
-
-
 def test_a_dist_ssp_pull_on_the_backup_waits_for_the_slowest_rank_by_the_backup_s_clocks():
-    with near("dist_ssp", staleness=0) as c:
+    with _ssp_ranks() as c:
         r0, r1 = c.ranks
-        for kv in c.ranks:
-            kv.init("w", np.zeros(3, np.float32))
-        r0.set_updater(_adding)
         primary, backup = c.group.replicas_of[0]
         r0.push("w", np.ones(3, np.float32))
         deadline = time.monotonic() + 5
@@ -156,11 +175,8 @@ def test_a_dist_ssp_pull_on_the_backup_waits_for_the_slowest_rank_by_the_backup_
 
 
 def test_a_dist_ssp_read_that_outwaits_its_timeout_names_the_slowest_rank_and_changes_nothing():
-    with near("dist_ssp", staleness=0, timeout=1.0) as c:
+    with _ssp_ranks(timeout=1.0) as c:
         r0, r1 = c.ranks
-        for kv in c.ranks:
-            kv.init("w", np.zeros(3, np.float32))
-        r0.set_updater(_adding)
         r0.push("w", np.ones(3, np.float32))
         with pytest.raises(Exception, match="slowest: rank 1 at clock 0"):
             r0.pull("w")
@@ -247,10 +263,7 @@ def _read_where(kv):
 
 @pytest.mark.slow
 def test_ranks_on_a_local_cluster_read_a_remote_primary_s_keys_on_their_own_worker():
-    pytest.importorskip("distributed")
-    from labkv.cluster import connect, run
-
-    with connect(n_workers=2, dashboard_address=None, memory_limit="1GiB") as handle:
+    with _two_workers() as (handle, run):
         results = {}
         for replicas in (1, 2):
             kv = labkv.create("dist_sync", cluster=handle, num_servers=2, replicas=replicas)
@@ -285,10 +298,7 @@ def _ssp_steps(kv):
 
 @pytest.mark.slow
 def test_dist_ssp_ranks_on_a_local_cluster_read_on_their_own_worker_within_the_bound():
-    pytest.importorskip("distributed")
-    from labkv.cluster import connect, run
-
-    with connect(n_workers=2, dashboard_address=None, memory_limit="1GiB") as handle:
+    with _two_workers() as (handle, run):
         kv = labkv.create("dist_ssp", cluster=handle, num_servers=2, replicas=2, staleness=0)
         kv.init(["w", "big"], [np.zeros(3, np.float32), np.zeros(1000, np.float32)])
         kv.set_optimizer(labkv.optimizers.SGD(learning_rate=1.0))  # w -= each push
@@ -324,10 +334,7 @@ def _refused_beside_a_near_read(kv):
 
 @pytest.mark.slow
 def test_a_push_the_primary_refuses_beside_a_near_read_is_raised_at_once():
-    pytest.importorskip("distributed")
-    from labkv.cluster import connect, run
-
-    with connect(n_workers=2, dashboard_address=None, memory_limit="1GiB") as handle:
+    with _two_workers() as (handle, run):
         kv = labkv.create("dist_sync", cluster=handle, num_servers=2, replicas=2, timeout=20)
         kv.init(["a", "b"], [np.zeros(3, np.float32), np.zeros(3, np.float32)])
         assert {p[0]["server"] for p in kv.placement().values()} == {0, 1}
