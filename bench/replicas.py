@@ -1,6 +1,6 @@
-"""What replicas cost: push+pull with ``replicas=2`` against ``replicas=1``, measured
-in alternating blocks inside the same ranks (dist_sync; ``--kind``: dist_async, or
-dist_ssp with staleness 1).
+"""What replicas cost: push+pull (and the barrier) with ``replicas=2`` against
+``replicas=1``, measured in alternating blocks inside the same ranks (dist_sync;
+``--kind``: dist_async, or dist_ssp with staleness 1).
 
     python bench/replicas.py [--quick] [--replicas=R] [--kind=dist_async|dist_ssp]
 
@@ -34,6 +34,7 @@ CASES = {
     "4MiB x4": ([MIB] * 4, 3),
     "1KiB x200": ([256] * 200, 10),
     "tiny": ([1], 100),
+    "barrier": ([], 100),  # kv.barrier() alone
 }
 
 
@@ -52,10 +53,14 @@ def _ranks(kv, specs, case, pairs):
     grads = [np.ones(n, dtype=np.float32) for n in sizes]
     outs = [np.empty(n, dtype=np.float32) for n in sizes]
     for store in stores:
-        store.init(keys, [np.zeros(n, dtype=np.float32) for n in sizes])
+        if keys:
+            store.init(keys, [np.zeros(n, dtype=np.float32) for n in sizes])
         for _ in range(2):
-            store.push(keys, grads)
-            store.pull(keys, out=outs)
+            if keys:
+                store.push(keys, grads)
+                store.pull(keys, out=outs)
+            else:
+                store.barrier()
     kv.barrier()
     times = []
     for _ in range(pairs):
@@ -63,8 +68,11 @@ def _ranks(kv, specs, case, pairs):
         for store in stores:
             t, cpu = time.perf_counter(), time.process_time()
             for _ in range(block):
-                store.push(keys, grads)
-                store.pull(keys, out=outs)
+                if keys:
+                    store.push(keys, grads)
+                    store.pull(keys, out=outs)
+                else:
+                    store.barrier()
             pair.append(((time.perf_counter() - t) / block, (time.process_time() - cpu) / block))
         times.append(pair)
     return times
