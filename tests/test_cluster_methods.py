@@ -55,6 +55,7 @@ def test_every_run_control_goes_to_every_replica_and_init_and_settings_to_the_pr
         "abort",
         "fence",  # a lost rank's old incarnation stays refused after a failover
         "link",
+        "streaming",  # a backup streams the events of the near reads it answers
     }
     # every replica of server 0 holds the arrivals (a failover loses none); the
     # backups take them without being waited for

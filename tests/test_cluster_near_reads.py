@@ -187,6 +187,42 @@ def test_a_dist_ssp_read_that_outwaits_its_timeout_names_the_slowest_rank_and_ch
         assert _pulls([primary]) == [0] and _pulls([backup])[0] >= 2
 
 
+async def _flushed(*servers):
+    for server in servers:
+        server.stream.flush()
+
+
+def test_a_replica_seeded_while_the_store_is_watched_streams_its_near_reads_events():
+    import pickle
+
+    with _ssp_ranks() as c:
+        primary, backup = c.group.replicas_of[0]
+        c.group._on_loop([sv.streaming(True, 0.5, 2) for sv in (primary, backup)])
+        c.group.kill(0, replica=1)  # the backup is lost (the primary drops it at its
+        for kv in c.ranks:  # next update's forward), and a new one is seeded
+            kv.push("w", np.ones(3, np.float32))
+        deadline = time.monotonic() + 5
+        while len(primary.log.group.members) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seeded = c.group.reseed(0)
+        assert seeded.stream.settings == (0.5, 2) == primary.stream.settings
+        for _ in range(2):  # the first round's replies tell the ranks of the new replica
+            c.group._on_loop([_flushed(primary, seeded)])  # what the rounds before sent
+            c.group.host.events.clear()
+            answered = _pulls([primary, seeded])
+            for kv in c.ranks:
+                kv.push("w", np.ones(3, np.float32))
+            for kv in c.ranks:
+                kv.pull("w")
+        assert [b - a for a, b in zip(answered, _pulls([primary, seeded]))] == [0, 2]
+        c.group._on_loop([sv.streaming(False) for sv in (primary, seeded)])  # flushes
+        sent = [e for _, batch in c.group.host.events for e in pickle.loads(batch)]
+        # the primary answered none of these pulls: the clocks are the new replica's
+        assert sum(e.get("count", 1) for e in sent if e["op"] == "clock") == 2
+        loads = [e["extra"] for e in sent if e["op"] == "load" and not e["extra"]["primary"]]
+        assert loads and loads[-1]["address"] == "in-process"
+
+
 def test_a_failed_round_is_raised_by_the_backup_once_to_each_rank():
     def too_big(key, grad, stored):
         if np.abs(grad).max() > 10:
@@ -310,6 +346,61 @@ def test_dist_ssp_ranks_on_a_local_cluster_read_on_their_own_worker_within_the_b
         np.testing.assert_array_equal(values[1], np.full(1000, -20.0, np.float32))
         # each rank read the remote primary's server on its own worker's backup
         assert sorted(here) == [(False, 11), (True, 11)], here
+
+
+def _push_and_pull(kv):
+    for _ in range(10):
+        kv.push(["w", "v"], [np.ones(3, np.float32)] * 2)
+        kv.pull(["w", "v"])
+    kv.barrier()
+
+
+def _watched(handle, run, kind, replicas):
+    """A watched run of two ranks: the events the notebook's store heard (as the
+    monitor folds them) once every server flushed."""
+    from labkv.widgets._model import MonitorModel
+
+    kw = {"staleness": 0} if kind == "dist_ssp" else {}
+    kv = labkv.create(kind, cluster=handle, num_servers=2, replicas=replicas, **kw)
+    kv.init(["w", "v"], [np.zeros(3, np.float32)] * 2)
+    kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1))  # every replica applies it
+    heard = []
+    kv.events.subscribe(heard.append)
+    run(_push_and_pull, num_workers=2, cluster=handle, kvstore=kv)
+    last, deadline = -1, time.monotonic() + 10
+    while time.monotonic() < deadline and not (len(heard) == last and _loads(heard) == {0, 1}):
+        last = len(heard)
+        time.sleep(0.5)  # until no more events come (the servers flush every 100 ms)
+    kv.close()
+    model = MonitorModel()
+    for e in list(heard):
+        model.on_event(e)
+    model.flush()
+    return model
+
+
+def _loads(heard):
+    return {e.server for e in heard if e.op == "load"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_ssp"])
+def test_a_watched_run_shows_the_near_reads_as_the_primary_s_reads(kind):
+    # A backup streams the events of the reads it answers (a dist_ssp pull's clocks)
+    # and its counters, which the monitor adds to its server's, and no others (its
+    # optimizer steps are its primary's): the monitor shows what it shows with one replica.
+    with _two_workers() as (handle, run):
+        one, two = (_watched(handle, run, kind, r) for r in (1, 2))
+    assert one.counts["clock"] == two.counts["clock"] == (40 if kind == "dist_ssp" else 0)
+    # 10 steps of 2 keys: an update a round, or one a push of each of the two ranks
+    assert one.counts["optimizer"] == (20 if kind == "dist_sync" else 40)
+    # (a server sends a key's round as it is at each flush: how many, the timing says)
+    for op in ("push", "pull", "optimizer"):
+        assert one.counts[op] == two.counts[op], op
+    for s in (0, 1):
+        assert one.servers[s].bytes_out == two.servers[s].bytes_out == 240
+        assert one.servers[s].bytes_in == two.servers[s].bytes_in
+    assert len(two.servers[0].replicas) == 2
 
 
 def _refused_beside_a_near_read(kv):

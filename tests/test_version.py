@@ -18,6 +18,7 @@ from labkv._round_records import RoundColumns
 from labkv.cluster._options import StoreSpec
 from labkv.cluster._protocol import entries as _entries
 from labkv.cluster._protocol import messages as _wire
+from labkv.cluster._protocol.methods import METHODS
 from labkv.cluster._server.actor import Server
 from labkv.cluster._transport import stream as _stream
 
@@ -36,6 +37,7 @@ FINGERPRINTS = {
     9: "761260a209d6974a",
     10: "35aea683e9566371",
     11: "b6263b41502e442e",
+    12: "c48c6515a706754d",
 }
 
 
@@ -57,7 +59,8 @@ def wire_description() -> str:
     fields, every log-entry note's, every snapshot a new replica is seeded
     from, and every server method a rank or a peer calls, with its parameters;
     each with the module it is pickled under; the columns of the round
-    records servers stream to the notebook; and the kinds of a stream's messages."""
+    records servers stream to the notebook; the kinds of a stream's messages;
+    and where each server method's calls go."""
     lines = []
     for kind, module in (("message", _wire), ("note", _entries)):
         for name, obj in sorted(vars(module).items()):
@@ -75,6 +78,8 @@ def wire_description() -> str:
     for name, method in sorted(inspect.getmembers(Server, inspect.isfunction)):
         if not name.startswith("_"):
             lines.append(f"server {name}{list(inspect.signature(method).parameters)}")
+    # where each call goes: in-process, as a frame, to every replica, ...
+    lines.extend(f"route {row!r}" for _, row in sorted(METHODS.items()))
     return "\n".join(lines)
 
 
@@ -96,6 +101,7 @@ def test_the_wire_description_sees_messages_and_server_methods():
     assert "server init[" in described and "spec labkv.cluster._options [" in described
     assert "note labkv.cluster._protocol.entries.Clock('rank',)" in described
     assert "snapshot labkv.cluster._server.replication.seed.ServerSnapshot[" in described
+    assert "route Method(name='streaming', local=False, message=False, broadcast=True," in described
 
 
 def test_the_package_version_is_the_one_labkv_reports():

@@ -100,9 +100,11 @@ class EventStream:
         load: Callable[[], dict[str, Any]] | None = None,
         interval: float = FLUSH_INTERVAL_S,
         annotate: Callable[[dict[str, Any]], None] | None = None,
+        keep: Callable[[Event], bool] | None = None,
     ):
         self.bus, self.send, self.load, self.interval = bus, send, load, interval
         self.annotate = annotate
+        self.keep = keep  # which events it sends (None: all)
         self.buffer: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._sub: Subscription | None = None
@@ -113,7 +115,16 @@ class EventStream:
     def on(self) -> bool:
         return self._sub is not None
 
+    @property
+    def settings(self) -> tuple[float, int] | None:
+        """``(detail_interval, detail_burst)`` while on, else None: what
+        :meth:`start` takes to stream the same way."""
+        sub = self._sub
+        return None if sub is None else (sub.detail_interval, sub.detail_burst)
+
     def _collect(self, event: Event) -> None:
+        if self.keep is not None and not self.keep(event):
+            return
         data = event.to_dict()
         if self.annotate is not None:
             self.annotate(data)

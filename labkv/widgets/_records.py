@@ -205,17 +205,38 @@ class ServerLoad:
     #: a replicated server's workers, primary first (empty: not replicated)
     replicas: tuple[str, ...] = ()
     history: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=300))
+    #: the primary's own counters (bytes in, out), and each backup's (by its worker):
+    #: those of the pulls it answered for the ranks on its worker (near reads)
+    own: tuple[int, int] = (0, 0)
+    reads: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def fold_report(self, e: Event) -> None:
-        """A ``load`` event: the server's own cumulative counters."""
+        """A ``load`` event: a replica's own cumulative counters. The server's
+        bytes are its primary's plus what its backups served (a backup's event
+        says ``primary`` False; the rest of the row is the primary's to tell).
+
+        >>> load = ServerLoad(0)
+        >>> for primary, sent in ((True, 100), (False, 40), (True, 150)):
+        ...     extra = {"bytes_out": sent, "primary": primary, "address": f"w{int(primary)}"}
+        ...     load.fold_report(Event(0, 0.0, "dist_sync", "load", None, server=0, extra=extra))
+        >>> load.bytes_out
+        190
+        """
         x = e.extra
         self.reported = True
-        self.bytes_in = int(x.get("bytes_in", self.bytes_in))
-        self.bytes_out = int(x.get("bytes_out", self.bytes_out))
-        self.keys = x.get("keys", self.keys)
-        self.bytes_held = x.get("bytes_held", self.bytes_held)
-        self.device = str(x.get("device", self.device))
-        self.replicas = tuple(x.get("replicas", self.replicas))
+        address = x.get("address")
+        counters = (int(x.get("bytes_in", 0)), int(x.get("bytes_out", 0)))
+        if x.get("primary") is False:
+            self.reads[address] = counters
+        else:
+            self.reads.pop(address, None)  # promoted: its own counters hold its reads now
+            self.own = (int(x.get("bytes_in", self.own[0])), int(x.get("bytes_out", self.own[1])))
+            self.keys = x.get("keys", self.keys)
+            self.bytes_held = x.get("bytes_held", self.bytes_held)
+            self.device = str(x.get("device", self.device))
+            self.replicas = tuple(x.get("replicas", self.replicas))
+        self.bytes_in = self.own[0] + sum(r[0] for r in self.reads.values())
+        self.bytes_out = self.own[1] + sum(r[1] for r in self.reads.values())
         self.history.append((e.time, self.bytes_in, self.bytes_out))
 
     def fold_traffic(self, e: Event) -> None:

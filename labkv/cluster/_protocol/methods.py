@@ -62,7 +62,7 @@ METHODS: dict[str, Method] = _table(
     Method("barrier", local=True, backups="barrier_arrived"),
     Method("barrier_arrived", local=True),
     Method("link", broadcast=True),
-    Method("streaming"),
+    Method("streaming", broadcast=True),
     Method("load"),
     # a replicated server's group
     Method("members"),

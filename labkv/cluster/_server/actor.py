@@ -94,6 +94,7 @@ class Server:
         self.fences = Fences(sid)  # the senders refused for good
         publish = functools.partial(host.log_event, topic)
         self.stream = EventStream(self.bus, publish, self._load, annotate=self.reports.annotate)
+        self.stream.keep = lambda event: self.log.streams(event)  # a backup: its reads' alone
 
     # -- what tests and the monitor read ----------------------------------------------------
     @property
@@ -119,7 +120,8 @@ class Server:
         items = [InitItem._make(item) for item in items]
         check_new_keys([item.key for item in items], self.table)
         parts = (self.device, self.shard, self.table, self.rounds)
-        self.reports.bytes_in += store_new_keys(items, *parts)
+        added = store_new_keys(items, *parts)
+        self.reports.bytes_in += added if self.log.primary else 0  # a backup's: its primary's
         taken(self.shard, call_id)
         self.waiting.wake()
         return True
@@ -262,9 +264,8 @@ class Server:
 
     @answered
     async def replicate(self, entry: tuple) -> None:
-        """A backup applies the primary's log entry (see
-        :func:`~labkv.cluster._protocol.entries.encode_entry`) once every entry
-        before it is applied."""
+        """A backup applies the primary's log entry (``entries.encode_entry``) once
+        every entry before it is applied."""
         entry = decode_entry(entry)
         if await self.log.receive(entry.index):
             failure = self.log.apply(entry)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...._types import Key
 from ....devices import Device, to_device
+from ....events import Event
 from ....shard import Shard
 from ..._device import host_view
 from ..._errors import deposed
@@ -260,8 +261,16 @@ class ReplicaLog:
         return (mode.lowest_open(sender, low), self.group.epoch, payload)
 
     def load(self) -> dict[str, Any]:
-        """What the monitor's server table reads: the replicas, primary first."""
-        return {"replicas": [m.address for m in self.group.members], "primary": self.primary}
+        """What the monitor's server table reads: the replicas, primary first, and
+        which one this is (a backup's counters are those of the near reads it answered)."""
+        members = [m.address for m in self.group.members]
+        return {"replicas": members, "primary": self.primary, "address": self.me.address}
+
+    def streams(self, event: Event) -> bool:
+        """Whether this replica streams ``event`` while watched: a primary, every
+        one; a backup, those of the near reads it answers (a dist_ssp pull's
+        clocks, and its counters), as the rest is its primary's to tell."""
+        return self.primary or event.op in ("clock", "load")
 
     # -- the primary: issue, forward, acknowledge -------------------------------------------
     def issue(

@@ -74,3 +74,6 @@ class NullLog:
 
     def load(self) -> dict[str, Any]:
         return {}
+
+    def streams(self, event: Any) -> bool:
+        return True

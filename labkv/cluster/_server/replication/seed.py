@@ -24,6 +24,7 @@ from ....devices import Device, to_device
 from ....optimizers import Optimizer
 from ....shard import Shard
 from ..._device import host_copy
+from ..._events import EventStream
 from ..._protocol.messages import Peer
 from ..._transport.base import Host
 from ..clocks import ClocksSnapshot
@@ -91,6 +92,7 @@ class ServerSnapshot:
     barriers: tuple[dict, dict, dict]
     fences: tuple[tuple[str, ...], dict[str, str]]
     dropped: tuple[str, ...]  # the senders sliced updates go on without
+    streaming: tuple[float, int] | None  # while watched: a new replica streams as this one
 
 
 class Seeding:
@@ -115,8 +117,10 @@ class Seeding:
         barriers: Barriers,
         fences: Fences,
         updates: Updates,
+        stream: EventStream,
     ) -> None:
         self.sid, self.device, self.host, self.marks = sid, device, host, marks
+        self.stream = stream
         self.barriers, self.fences, self.updates = barriers, fences, updates
         self.shard, self.table, self.rounds, self.senders = shard, table, rounds, senders
         self.peers, self.kept, self.queues, self.log, self.mode = peers, kept, queues, log, mode
@@ -136,6 +140,7 @@ class Seeding:
             barriers=self.barriers.snapshot(),
             fences=self.fences.snapshot(),
             dropped=self.updates.gone,
+            streaming=self.stream.settings,
         )
 
     def restore(self, snap: ServerSnapshot) -> None:
@@ -152,6 +157,8 @@ class Seeding:
         self.barriers.restore(snap.barriers)
         self.fences.restore(snap.fences)
         self.updates.gone = tuple(snap.dropped)
+        if snap.streaming is not None:  # watched: its near reads' events (see ReplicaLog.streams)
+            self.stream.start(*snap.streaming)
 
     async def seed(self, peer: tuple[str, str]) -> None:
         """Send this replica's whole state to ``peer``: every update issued
@@ -171,5 +178,5 @@ def join(server: Any, group: Group, seeded: bool) -> tuple[ReplicaLog, Seeding]:
     state = (s.device, s.shard, s.rounds, s.senders, s.effects, s.kept)
     log = ReplicaLog(group, seeded, *state, s.waiting, s.host, s.tasks, s.reports, s.marks)
     state = (s.shard, s.table, s.rounds, s.senders, s.peers, s.kept)
-    parts = (s.queues, log, s.mode, s.marks, s.barriers, s.fences, s.updates)
+    parts = (s.queues, log, s.mode, s.marks, s.barriers, s.fences, s.updates, s.stream)
     return log, Seeding(s.sid, s.device, s.host, *state, *parts)
