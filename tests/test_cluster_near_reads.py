@@ -223,6 +223,30 @@ def test_a_replica_seeded_while_the_store_is_watched_streams_its_near_reads_even
         assert loads and loads[-1]["address"] == "in-process"
 
 
+def test_a_replica_seeded_before_its_primary_dropped_a_lost_one_learns_the_group():
+    # Seeded while the primary still lists the lost backup, the new replica took a
+    # group of three; the primary's drop reaches it through the log, and it reads.
+    with near(num_workers=1) as c:
+        (kv,) = c.ranks
+        kv.init("w", np.zeros(3, np.float32))
+        primary, backup = c.group.replicas_of[0]
+        c.group.kill(0, replica=1)
+        seeded = c.group.reseed(0)
+        kv.push("w", np.ones(3, np.float32))  # its forward finds the backup lost
+        kv.pull("w")
+        refreshed = []
+        link = kv._links[0]
+        link.refresh = lambda f=link.refresh: (refreshed.append(1), f())[1]
+        before = _pulls([seeded])[0]
+        for _ in range(3):
+            kv.push("w", np.ones(3, np.float32))
+            np.testing.assert_array_equal(kv.pull("w"), [1.0, 1.0, 1.0])  # the push, assigned
+        assert seeded.log.group.listed() == primary.log.group.listed()
+        assert len(seeded.log.group.members) == 2
+        assert _pulls([seeded])[0] - before >= 3  # near reads on the new replica
+        assert len(refreshed) <= 1  # its answers name the primary's epoch
+
+
 def test_a_failed_round_is_raised_by_the_backup_once_to_each_rank():
     def too_big(key, grad, stored):
         if np.abs(grad).max() > 10:

@@ -29,9 +29,10 @@ class Forwarder:
         tasks: TaskGroup,
         reports: Reports,
         acked: Callable[[int], None],
+        regrouped: Callable[[], None],
     ) -> None:
         self.group, self.host, self.tasks, self.reports = group, host, tasks, reports
-        self.acked = acked
+        self.acked, self.regrouped = acked, regrouped
         self.deposed = False  # a backup became the primary: acknowledge nothing more
 
     def send(self, backups: list[Peer], entry: tuple) -> None:
@@ -75,6 +76,7 @@ class Forwarder:
         if lost:  # a backup that cannot apply an entry is gone: the others carry on
             self.group.drop(lost)
             self.reports.backup_lost(lost, self.group.members)
+            self.regrouped()  # the others learn it
         self.acked(index)
 
     def _watch_backup(self, backup: Peer, task: asyncio.Future) -> None:

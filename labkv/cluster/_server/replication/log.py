@@ -103,7 +103,7 @@ class ReplicaLog:
         self.waiting, self.host, self.tasks, self.reports = waiting, host, tasks, reports
         self.issued = 0  # entries applied here (on a backup: the next index it expects)
         self.acked = 0  # primary: entries every live backup has applied
-        self.forwarder = Forwarder(group, host, tasks, reports, self._entry_acked)
+        self.forwarder = Forwarder(group, host, tasks, reports, self._entry_acked, self.regrouped)
         self.applied_seq: dict[tuple[str, Key], int] = {}  # (sender, key) -> last seq applied
         self._log: dict[int, tuple[list, Callable[[], Any] | None]] = {}  # index -> (pushes, then)
         self._acks: set[int] = set()
@@ -237,6 +237,14 @@ class ReplicaLog:
         if self.primary:
             self.issue([], [], note=Control(method, args))
         await self.replicated()
+
+    def regrouped(self) -> None:
+        """Log the group as this primary sees it now (a replica dropped or
+        seeded), so that its backups' view of it, and its epoch, are the
+        primary's: a backup answers near reads only as one of exactly two."""
+        if self.primary and self.group.backups:
+            epoch, members = self.group.listed()
+            self.issue([], [], note=Control("group", (members, epoch)))
 
     async def replicated(self) -> None:
         """Wait until every entry issued so far is applied by every live backup."""

@@ -169,6 +169,7 @@ class Seeding:
             await self.host.call_peer(peer, "seed", [self.snapshot()])
         except Exception:
             self.log.group.drop([peer])
+        self.log.regrouped()  # every backup learns the group (and its epoch) as it is now
 
 
 def join(server: Any, group: Group, seeded: bool) -> tuple[ReplicaLog, Seeding]:
@@ -177,6 +178,7 @@ def join(server: Any, group: Group, seeded: bool) -> tuple[ReplicaLog, Seeding]:
     s = server
     state = (s.device, s.shard, s.rounds, s.senders, s.effects, s.kept)
     log = ReplicaLog(group, seeded, *state, s.waiting, s.host, s.tasks, s.reports, s.marks)
+    s.effects.controls["group"] = log.group.rejoin  # see ReplicaLog.regrouped
     state = (s.shard, s.table, s.rounds, s.senders, s.peers, s.kept)
     parts = (s.queues, log, s.mode, s.marks, s.barriers, s.fences, s.updates, s.stream)
     return log, Seeding(s.sid, s.device, s.host, *state, *parts)
