@@ -52,15 +52,19 @@ def _ranks(kv, specs, case, pairs):
     keys = list(range(len(sizes)))
     grads = [np.ones(n, dtype=np.float32) for n in sizes]
     outs = [np.empty(n, dtype=np.float32) for n in sizes]
+
+    def iteration(store):
+        if keys:
+            store.push(keys, grads)
+            store.pull(keys, out=outs)
+        else:
+            store.barrier()
+
     for store in stores:
         if keys:
             store.init(keys, [np.zeros(n, dtype=np.float32) for n in sizes])
         for _ in range(2):
-            if keys:
-                store.push(keys, grads)
-                store.pull(keys, out=outs)
-            else:
-                store.barrier()
+            iteration(store)
     kv.barrier()
     times = []
     for _ in range(pairs):
@@ -68,11 +72,7 @@ def _ranks(kv, specs, case, pairs):
         for store in stores:
             t, cpu = time.perf_counter(), time.process_time()
             for _ in range(block):
-                if keys:
-                    store.push(keys, grads)
-                    store.pull(keys, out=outs)
-                else:
-                    store.barrier()
+                iteration(store)
             pair.append(((time.perf_counter() - t) / block, (time.process_time() - cpu) / block))
         times.append(pair)
     return times

@@ -225,9 +225,8 @@ class ServerLoad:
         x = e.extra
         self.reported = True
         address = x.get("address")
-        counters = (int(x.get("bytes_in", 0)), int(x.get("bytes_out", 0)))
         if x.get("primary") is False:
-            self.reads[address] = counters
+            self.reads[address] = (int(x.get("bytes_in", 0)), int(x.get("bytes_out", 0)))
         else:
             self.reads.pop(address, None)  # promoted: its own counters hold its reads now
             self.own = (int(x.get("bytes_in", self.own[0])), int(x.get("bytes_out", self.own[1])))
