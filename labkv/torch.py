@@ -12,6 +12,13 @@ from torch's, and what is refused, is in :mod:`labkv._torch_optim`. Sparse gradi
 (``nn.Embedding(sparse=True)``, named with ``sparse_params``) travel as their rows
 (:mod:`labkv._torch_sparse`: which rows are pulled back, and why).
 
+Inside ``for step in kv.steps(n)`` of ``labkv.cluster.run(..., on_rank_loss="replace")``
+on a dist_sync store, a lost rank's replacement resumes bit-identically in both
+``update_on_kvstore`` modes: the weights come from the servers (``True``) or from a
+live rank's copy of the weights and torch optimizer state (``False``); what neither
+holds (module buffers, an lr scheduler's count, torch's random generator) is not
+restored (:mod:`labkv._torch_resume`).
+
 >>> import torch, labkv, labkv.torch as lkt
 >>> _ = torch.manual_seed(0)
 >>> model = torch.nn.Linear(3, 1)
@@ -48,6 +55,7 @@ from ._torch_keys import (
     param_names,
 )
 from ._torch_optim import hyperparameters, server_optimizer
+from ._torch_resume import Resume
 from ._torch_sparse import (
     SparseParams,
     check_sparse_options,
@@ -200,6 +208,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer, each push replaces the value); use update_on_kvstore=True"
             )
         check_sparse_options(sparse, compression, optimizer, trained)
+        Resume.check(update_on_kvstore, kvstore)
         lazy = server_is_lazy(optimizer)  # torch's sparse momentum moves every row it holds
         server = (
             server_optimizer(optimizer, kind, kvstore.num_workers, all_names, lazy_update=lazy)
@@ -242,6 +251,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             kvstore.set_optimizer(server)
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in trained]
         claim(kvstore, names)
+        # a dist store's step loops: a replacement of this rank resumes there
+        pull = functools.partial(pull_into, kvstore, names, tensors)
+        self._resume = Resume(self, kvstore, pull) if hasattr(kvstore, "_steps") else None
 
     def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
         return functools.partial(self._on_grad, name)
@@ -380,6 +392,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        if self._resume is not None:
+            self._resume.remove()
         claim(self._kvstore, self.names, claimed=False)
 
     # -- the torch optimizer's state and groups ------------------------------------------

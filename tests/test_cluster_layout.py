@@ -39,9 +39,8 @@ def test_no_import_circles_even_through_imports_inside_functions():
     assert _layout.cycles() == []
 
 
-def test_no_module_over_400_lines_and_no_folder_over_10_modules():
+def test_no_module_of_labkv_over_500_lines_of_code():
     assert _layout.too_long() == []
-    assert _layout.crowded() == []
 
 
 def test_the_server_and_the_store_are_composed_not_mixed():
@@ -58,14 +57,14 @@ def test_no_module_probes_a_link_or_a_future():
 def test_the_shape_checks_see_what_they_forbid(tmp_path, monkeypatch):
     cluster = tmp_path / "labkv" / "cluster"
     (cluster / "_rank").mkdir(parents=True)
-    for n in range(11):
-        (cluster / "_rank" / f"m{n}.py").write_text("")
     (cluster / "_rank" / "store.py").write_text(
+        '"""A docstring\n' + "of many lines\n" * 300 + '"""\n\n# a comment\n'
         "class DistStore(Streaming, KVStore):\n    pass\n"
-        + "x = getattr(link, 'replicated', False)\n" * 400
+        + "x = getattr(link, 'replicated', False)\n"
+        * 499
     )
+    (cluster / "_rank" / "calls.py").write_text('"""Docs only."""\n' + "# comment\n" * 600)
     monkeypatch.setattr(_layout, "CLUSTER", cluster)
-    assert _layout.too_long() == ["_rank/store.py: 402 lines"]
-    assert _layout.crowded() == ["cluster/_rank: 12 modules"]
+    assert _layout.too_long() == ["labkv/cluster/_rank/store.py: 501 lines of code"]
     assert _layout.bases("DistStore") == {"labkv.cluster._rank.store": ["Streaming", "KVStore"]}
-    assert len(_layout.probes()) == 400
+    assert len(_layout.probes()) == 499

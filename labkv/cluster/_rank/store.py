@@ -296,6 +296,8 @@ class DistStore(KVStore):
         # the push returns: a big one lent to the server is copied to be kept.
         keep_copies = self._spec.replicas > 1 and self._spec.sync
         step = self._steps.pushing
+        if step is not None:
+            self._steps.pushed.update(k for k, _ in items)
         with calls.sending("push"):  # numbers taken are numbers sent, Ctrl-C or not
             msgs = []
             for s, batch in per_server.items():
@@ -311,13 +313,17 @@ class DistStore(KVStore):
 
     def _pull_impl(self, items: Items) -> None:
         self._timed_out = None  # only the very next push may be a retry
+        for step, group in self._steps.reads(items, key=lambda item: item[0]):
+            self._pull_as_of(group, step)
+
+    def _pull_as_of(self, items: Items, step: int | None) -> None:
         per_server: dict[int, dict[Key, None]] = defaultdict(dict)  # ordered sets
         for key, _ in items:
             for p in self._pieces[key]:
                 per_server[p.server][key] = None
         keys = {s: list(ks) for s, ks in per_server.items()}
         got: dict[tuple[int, Key], Any] = {}
-        replies = self._calls.pull(keys, self._rank, self._steps.current)
+        replies = self._calls.pull(keys, self._rank, step)
         for (s, ks), reply in zip(keys.items(), replies, strict=True):
             lookup = functools.partial(messages.piece_spec, self._meta, self._pieces, s)
             for key, value in values_items(ks, decode_values(reply), lookup):
@@ -325,8 +331,12 @@ class DistStore(KVStore):
         messages.fill_outs(items, got, self._meta, self._pieces)
 
     def _pull_rows(self, items: list[tuple[Key, np.ndarray]]) -> list[np.ndarray]:
-        args = (self._calls, self._meta, self._pieces, items, self._rank, self._steps.current)
-        return pull_rows(*args, self)  # each server asked only for its rows (labkv.cluster._rows)
+        got = {}
+        for step, group in self._steps.reads(list(range(len(items))), key=lambda i: items[i][0]):
+            args = (self._calls, self._meta, self._pieces, [items[i] for i in group], self._rank)
+            # each server asked only for its rows (labkv.cluster._rows)
+            got.update(zip(group, pull_rows(*args, step, self), strict=True))
+        return [got[i] for i in range(len(items))]
 
     def _new_out(self, key: Key) -> Any:
         return new_out(*self._meta[key], key in self._sparse)

@@ -206,7 +206,7 @@ class SyncMode(Mode):
             if borrowed and value.nbytes >= PACK_BELOW and not rounds.completes(key):
                 value = self.staging.copy(key, rank, value)
             if step is not None:
-                self.marks.mark(key, rank, step, rounds[key].done)
+                self.marks.mark(key, rank, step, rounds[key].done, value)
             completed = rounds.join(key, rank, sender, seq, value, time.monotonic())
             if watched:
                 keys.append(key)
@@ -299,11 +299,11 @@ class AsyncMode(Mode):
         finally:
             await self.updates.decided(sender, [k for k, _ in queued])
 
-    @staticmethod
-    def _marks_of(h: Any, items: list[tuple[Key, Any]]) -> list[tuple] | None:
+    def _marks_of(self, h: Any, items: list[tuple[Key, Any]]) -> list[tuple] | None:
         if h.step is None:
             return None
-        return [(k, h.rank, h.step, -1) for k, _ in items]
+        digests = self.marks.digests
+        return [(k, h.rank, h.step, -1, digests.get((k, h.rank), b"")) for k, _ in items]
 
     def entry_applied(
         self, updates: list[tuple[Key, Any]], pushes: list[tuple], failure: Failure | None

@@ -188,13 +188,13 @@ class ReplicaLog:
 
     def _round_marks(self, keys: list[Key]) -> list[tuple]:
         """The step marks of the pushes in the open rounds of ``keys``."""
-        last, found = self.marks.last, []
+        last, digests, found = self.marks.last, self.marks.digests, []
         for key in keys:
             number = self.rounds[key].done
             for rank in self.rounds[key].pending:
                 seen = last.get((key, rank))
                 if seen is not None and seen[1] == number:
-                    found.append((key, rank, *seen))
+                    found.append((key, rank, *seen, digests.get((key, rank), b"")))
         return found
 
     def vote(self, vote: Vote, send: Callable[[], None]) -> None:
@@ -354,11 +354,11 @@ class ReplicaLog:
         """The entry's step marks; a dist_sync round's (numbered) keeps its key's
         value before the round, as the primary did."""
         kept = set()
-        for key, rank, step, number in entry.marks:
+        for key, rank, step, number, sha in entry.marks:
             if number >= 0 and key not in kept:
                 kept.add(key)
                 self.marks.keep_before(key, number, copied(self.shard.read(key)))
-            self.marks.mark(key, rank, step, number)
+            self.marks.mark(key, rank, step, number, sha=sha)
 
     def applied(self, index: int) -> None:
         """The ``index``-th entry is applied here: the next may come."""

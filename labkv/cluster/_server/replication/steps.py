@@ -6,10 +6,12 @@ A rank's pushes and pulls inside ``kv.steps(n)`` carry the step's index. A
 replacement resumes at the first step some key lacks its push of
 (:meth:`StepMarks.resume`) and replays it:
 
-- a push of ``(key, rank, step)`` already here is a *replay*: skipped, and,
-  while the first one still waits in an open round, compared with it bit for
-  bit (:meth:`StepMarks.audit`: a mismatch means the rank's computation is not
-  deterministic, and is counted);
+- a push of ``(key, rank, step)`` already here is a *replay*: skipped, and
+  compared with the first: bit for bit while the first still waits in an open
+  round (:meth:`StepMarks.audit`), else by the SHA-1 digest of the first, kept
+  with its mark (:meth:`StepMarks.check`; about 10 ms a 16 MiB push, inside step
+  loops only). A mismatch means the rank's computation is not deterministic,
+  and is counted;
 - a dist_sync pull of step ``s`` reads the key as of the start of step ``s``:
   the value one round back when the rank's step-``s`` push already completed
   its round (:meth:`StepMarks.as_of`). No rank can be further ahead: a round
@@ -30,13 +32,15 @@ backup keeps the value before it applies a round. Calls without a step
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ...._types import Key
 from ....devices import new_like, to_device
+from ....sparse import RowSparseArray
 from ..._device import host_copy, host_view
 from ..rounds import SyncRounds
 
@@ -49,17 +53,19 @@ class StepsSnapshot:
     before: dict[Key, tuple[int, Any]]
     replays: int
     mismatches: list[tuple[Key, int, int]]
+    digests: dict[tuple[Key, int], bytes] = field(default_factory=dict)
 
 
 class StepMarks:
     """The step marks and values one round back of one server (see module doc)."""
 
-    __slots__ = ("last", "keys", "before", "replays", "mismatches")
+    __slots__ = ("last", "digests", "keys", "before", "replays", "mismatches")
 
     def __init__(self) -> None:
         # (key, rank) -> (step, number): the rank's last push of the key was in
         # that step, and joined the key's round (or dist_async update) number.
         self.last: dict[tuple[Key, int], tuple[int, int]] = {}
+        self.digests: dict[tuple[Key, int], bytes] = {}  # (key, rank) -> its last push's
         self.keys: set[Key] = set()  # the keys of ``last``
         # key -> (round, value before that round was applied): the last round only.
         self.before: dict[Key, tuple[int, Any]] = {}
@@ -69,9 +75,14 @@ class StepMarks:
     def __bool__(self) -> bool:
         return bool(self.last)
 
-    def mark(self, key: Key, rank: int, step: int, number: int) -> None:
-        """``rank``'s push of ``key`` in ``step`` joined round (update) ``number``."""
+    def mark(
+        self, key: Key, rank: int, step: int, number: int, value: Any = None, sha: bytes = b""
+    ) -> None:
+        """``rank``'s push of ``key`` in ``step`` joined round (update) ``number``;
+        its ``value``, or its digest ``sha`` (a backup's, from the log), is kept
+        as a digest to check a replay against."""
         self.last[(key, rank)] = (step, number)
+        self.digests[(key, rank)] = digest(value) if value is not None else sha
         self.keys.add(key)
 
     def replayed(self, key: Key, rank: int, step: int) -> bool:
@@ -94,9 +105,15 @@ class StepMarks:
             self.mismatches.append((key, rank, step))
         return same
 
-    def skipped(self) -> None:
-        """A replayed push whose first was applied already."""
+    def check(self, key: Key, rank: int, step: int, again: Any) -> bool:
+        """A replayed push whose first was applied already: whether its digest is
+        the first's (a mismatch is kept; the first one was used)."""
         self.replays += 1
+        first = self.digests.get((key, rank), b"")
+        same = not first or self.last[(key, rank)][0] != step or digest(again) == first
+        if not same:
+            self.mismatches.append((key, rank, step))
+        return same
 
     def fresh(self, items: list[tuple[Key, Any]], rank: int, step: int) -> list[tuple[Key, Any]]:
         """A dist_async push's ``items`` but the replayed ones, marked as pushed
@@ -104,9 +121,9 @@ class StepMarks:
         kept = []
         for key, value in items:
             if self.replayed(key, rank, step):
-                self.skipped()
+                self.check(key, rank, step, value)
             else:
-                self.mark(key, rank, step, -1)
+                self.mark(key, rank, step, -1, value)
                 kept.append((key, value))
         return kept
 
@@ -121,7 +138,7 @@ class StepMarks:
         if r.done == number and rank in r.pending:
             self.audit(key, rank, step, r.pending[rank], value)
         else:
-            self.skipped()
+            self.check(key, rank, step, value)
         rounds.joined[(sender, key)] = number
 
     def before_step(
@@ -169,22 +186,35 @@ class StepMarks:
 
     def clear(self) -> None:
         """Forget every mark (a new run on these servers numbers its steps anew)."""
-        self.last, self.keys, self.before = {}, set(), {}
+        self.last, self.digests, self.keys, self.before = {}, {}, set(), {}
 
     def load(self) -> dict[str, Any]:
         return {"replayed": self.replays, "replay_mismatches": len(self.mismatches)}
 
     def snapshot(self) -> StepsSnapshot:
         before = {k: (n, host_copy(v)) for k, (n, v) in self.before.items()}
-        return StepsSnapshot(dict(self.last), before, self.replays, list(self.mismatches))
+        last, digests, mismatches = dict(self.last), dict(self.digests), list(self.mismatches)
+        return StepsSnapshot(last, before, self.replays, mismatches, digests)
 
     def restore(self, snap: StepsSnapshot, device: Any) -> None:
-        self.last = dict(snap.last)
+        self.last, self.digests = dict(snap.last), dict(snap.digests)
         self.keys = {k for k, _ in self.last}
         self.before = {
             k: (n, to_device(np.asarray(v), device)) for k, (n, v) in snap.before.items()
         }
         self.replays, self.mismatches = snap.replays, list(snap.mismatches)
+
+
+def digest(value: Any) -> bytes:
+    """The SHA-1 of a pushed value's bits, shape and dtype (dense or row-sparse,
+    on any device)."""
+    sha = hashlib.sha1(repr((type(value).__name__, tuple(value.shape))).encode())
+    parts = [value.indices, value.data] if isinstance(value, RowSparseArray) else [value]
+    for part in parts:
+        part = np.ascontiguousarray(host_view(part))
+        sha.update(part.dtype.str.encode())
+        sha.update(part.reshape(-1).view(np.uint8).data)
+    return sha.digest()
 
 
 def copied(value: Any) -> Any:
