@@ -206,3 +206,33 @@ def test_a_torch_rank_whose_worker_is_killed_is_replaced_bit_identically_on_dask
     for rank in (0, 1):
         assert got[rank][0] == want[rank][0], f"rank {rank}'s parameters differ"
         assert got[rank][1] == want[rank][1], f"rank {rank}'s torch optimizer state differs"
+
+
+def test_a_replacement_that_no_live_rank_can_give_its_step_s_state_names_what_each_holds():
+    from labkv.cluster import ClusterError
+    from labkv.cluster._runtime.kept import keep, take
+
+    keep("run-x", rank=0, number=2, state={"params": []})
+    keep("run-x", rank=0, number=3, state={"params": []})
+    keep("run-x", rank=0, number=4, state={"params": []})  # only the last two are kept
+    assert take("run-x", 4, rank=1, timeout=1.0, what="the state") == {"params": []}
+    with pytest.raises(
+        ClusterError, match=r"as of step 7.*within 0.2 s \(rank 0 holds steps \[3, 4\]\)"
+    ):
+        take("run-x", 7, rank=1, timeout=0.2, what="the state")
+    with pytest.raises(ClusterError, match="no rank keeps any"):
+        take("run-x", 4, rank=0, timeout=0.1, what="the state")  # its own copy is no help
+
+
+def test_a_one_rank_replace_run_refuses_update_on_kvstore_false_and_changes_nothing():
+    with InProcessCluster("dist_sync", 1, 1, timeout=5.0, replace_hold=5.0) as c:
+        kv = c.ranks[0]
+        model = _model()
+        before = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(ValueError, match="needs 2 or more ranks.*update_on_kvstore=True"):
+            lkt.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1), kv, update_on_kvstore=False
+            )
+        assert kv.keys() == []
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        assert kv._steps.hooks == []

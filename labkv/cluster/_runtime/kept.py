@@ -29,6 +29,7 @@ from .._errors import ClusterError
 _KEPT: dict[tuple[str, int], dict[int, Any]] = {}  # (run, rank) -> step number -> state
 _LOCK = threading.Lock()
 _STEPS_KEPT = 2
+_ASK_S = 5.0  # the longest one look at the workers may take
 
 
 def keep(run: str, rank: int, number: int, state: Any) -> None:
@@ -74,7 +75,8 @@ def take(run: str, number: int, rank: int, timeout: float, what: str) -> Any:
         state = taken(run, number, rank)
         if state is not None:
             return state
-        state, seen = _from_workers(run, number, rank)
+        left = max(0.1, deadline - time.monotonic())
+        state, seen = _from_workers(run, number, rank, min(left, _ASK_S))
         if state is not None:
             return state
         seen = {**steps_held(run), **seen}
@@ -90,17 +92,28 @@ def take(run: str, number: int, rank: int, timeout: float, what: str) -> Any:
         pause = min(2 * pause, 0.25)
 
 
-def _from_workers(run: str, number: int, rank: int) -> tuple[Any | None, dict[int, list[int]]]:
-    """Ask every worker of the Dask cluster this process is a worker of."""
+def _from_workers(
+    run: str, number: int, rank: int, timeout: float
+) -> tuple[Any | None, dict[int, list[int]]]:
+    """Ask every worker of the Dask cluster this process is a worker of, for at
+    most ``timeout`` seconds (a frozen worker does not answer ``client.run``:
+    its thread is left behind, the wait goes on without it)."""
     try:
         from distributed import get_client, get_worker
 
         get_worker()
     except (ImportError, ValueError):  # not on a Dask worker: only this process's ranks
         return None, {}
-    replies = get_client().run(_on_this_worker, run, number, rank, on_error="return")
+    client, answer = get_client(), {}
+
+    def ask() -> None:
+        answer.update(client.run(_on_this_worker, run, number, rank, on_error="return"))
+
+    asking = threading.Thread(target=ask, name="labkv-kept-state", daemon=True)
+    asking.start()
+    asking.join(timeout)
     state, seen = None, {}
-    for reply in replies.values():
+    for reply in list(answer.values()):
         if isinstance(reply, BaseException):  # a worker leaving: the others answer
             continue
         found, held = reply
