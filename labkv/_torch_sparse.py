@@ -13,26 +13,37 @@
   data, on the gradient's device (a numpy view on the CPU, CuPy through DLPack on a
   GPU; float16 and bfloat16 as float32). A dense gradient of such a parameter
   travels as its non-zero rows.
-- **Pulls with** ``update_on_kvstore=True`` (the servers step): ``row_sparse_pull``
-  of the rows this rank pushed, written into those rows of the table, where those
-  are all the rows that changed: a store with one worker (``local``, ``device``, a
-  dist store of one rank) and a lazy update (SGD without momentum, MXNet's
-  ``lazy_update``). Otherwise the whole table is pulled, as MXNet's Trainer pulls
-  a dense weight with sparse gradients: with several ranks this rank does not know
-  which rows the others' gradients touched (the servers changed those too), and
-  with momentum torch's buffer moves every row it ever held (the servers then run
-  SGD with ``lazy_update=False``, torch's numbers). Pushes move the rows touched in
-  every mode; ``DistributedOptimizer.sparse_pull`` says which pull a key gets.
+- **Pulls with** ``update_on_kvstore=True`` (the servers step), per key
+  (``DistributedOptimizer.sparse_pull``):
+
+  - ``'rows'``: ``step()`` pulls the rows this rank pushed into those rows of the
+    table, where those are all the rows that changed: a store with one worker
+    (``local``, ``device``, a dist store of one rank) and a lazy update (SGD
+    without momentum, MXNet's ``lazy_update``).
+  - ``'batch'`` (otherwise, for an embedding of the module given as
+    ``sparse_params``): with several ranks this rank does not know which rows the
+    others' gradients touched (the servers changed those too), and with momentum
+    torch's buffer moves every row it ever held (the servers then run SGD with
+    ``lazy_update=False``, torch's numbers). So, as MXNet's sparse training, each
+    lookup pulls the rows of its ids before it reads them and ``step()`` pulls
+    none: the bytes follow the rows a batch touches (:mod:`labkv._torch_lookups`).
+  - ``'table'``: parameters given without their module (no lookup to hook), or a
+    weight another module reads too: ``step()`` pulls the whole table, as
+    MXNet's Trainer pulls a dense weight with sparse gradients.
+
+  Pushes move the rows touched in every mode.
 - **Pulls with** ``update_on_kvstore=False`` (torch steps): one-rank stores only:
   the merged gradient holds exactly the rows pushed; they are pulled into a fresh
-  sparse ``p.grad``. A dist store is refused, as MXNet's Trainer refuses
+  sparse ``p.grad``; the table lives on the rank, which torch steps, so no lookup
+  pulls anything. A dist store is refused, as MXNet's Trainer refuses
   ``update_on_kvstore=False`` on a dist store with sparse gradients (a rank cannot
   pull the rows the other ranks pushed); ``update_on_kvstore=None`` (the default)
   picks ``True`` there and ``False`` elsewhere, MXNet's rule.
 - **Refused, naming the option**: gradient compression (MXNet refuses it for
   row-sparse pushes); ``torch.optim.Adam`` (torch refuses sparse gradients:
   ``torch.optim.SparseAdam``), SGD's ``weight_decay`` on a sparse parameter (torch
-  cannot add a dense weight to a sparse gradient).
+  cannot add a dense weight to a sparse gradient), an embedding's ``max_norm``
+  with ``update_on_kvstore=True`` (its renormalised rows never reach the servers).
 
 >>> import torch, labkv.sparse
 >>> emb = torch.nn.Embedding(5, 2, sparse=True)

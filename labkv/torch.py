@@ -9,8 +9,9 @@ views of CUDA ones through DLPack); float16 and bfloat16 travel and are stored
 as float32 (see :mod:`labkv._torch_tensors`). With ``update_on_kvstore=True``
 the servers run labkv's (MXNet's) SGD, NAG or Adam: where their numbers differ
 from torch's, and what is refused, is in :mod:`labkv._torch_optim`. Sparse gradients
-(``nn.Embedding(sparse=True)``, named with ``sparse_params``) travel as their rows
-(:mod:`labkv._torch_sparse`: which rows are pulled back, and why).
+(``nn.Embedding(sparse=True)``, named with ``sparse_params``) travel as their rows,
+and each lookup pulls the rows it reads first, so a step moves the rows a batch
+touches, not the table (:mod:`labkv._torch_sparse`, :mod:`labkv._torch_lookups`).
 
 Inside ``for step in kv.steps(n)`` of ``labkv.cluster.run(..., on_rank_loss="replace")``
 on a dist_sync store, a lost rank's replacement resumes bit-identically in both
@@ -54,6 +55,7 @@ from ._torch_keys import (
     named_tensors,
     param_names,
 )
+from ._torch_lookups import BatchPulls, lookup_modules
 from ._torch_optim import hyperparameters, server_optimizer
 from ._torch_resume import Resume
 from ._torch_sparse import (
@@ -165,9 +167,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``sparse_params`` (a module: its ``nn.Embedding``/``nn.EmbeddingBag`` with
     ``sparse=True``; or the parameters) makes those parameters' keys row-sparse:
     each push carries the rows its sparse gradient touched (coalesced, on its
-    device), and ``step()`` pulls those rows back where they are all the rows that
-    changed, else the whole table (:attr:`sparse_pull`; the rules, and what sparse
-    gradients refuse, naming the option: :mod:`labkv._torch_sparse`).
+    device). With the servers stepping and several ranks (or momentum), each
+    lookup of such an embedding pulls the rows of its ids first (a forward
+    pre-hook, as MXNet pulls a batch's rows before the forward pass) and
+    ``step()`` pulls none; with one rank and SGD, ``step()`` pulls the rows
+    pushed (:attr:`sparse_pull`; the whole table on this rank: :meth:`pull_tables`
+    or the module's ``state_dict()``; the rules, and what sparse gradients refuse,
+    naming the option: :mod:`labkv._torch_sparse`, :mod:`labkv._torch_lookups`).
 
     >>> import torch, labkv
     >>> w = torch.nn.Parameter(torch.ones(2))
@@ -209,6 +215,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             )
         check_sparse_options(sparse, compression, optimizer, trained)
         Resume.check(update_on_kvstore, kvstore)
+        lookups = lookup_modules(sparse_params, sparse, trained, update_on_kvstore)
         lazy = server_is_lazy(optimizer)  # torch's sparse momentum moves every row it holds
         server = (
             server_optimizer(optimizer, kind, kvstore.num_workers, all_names, lazy_update=lazy)
@@ -241,7 +248,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._passes: dict[str, int] = {}
         self._pushed: dict[str, torch.Tensor] = {}
         # Sparse keys: the rows each pushed since the last step, and whether a step
-        # pulls those rows alone (see labkv._torch_sparse) or the whole table.
+        # pulls those rows alone (see labkv._torch_sparse), or each lookup its rows
+        # (labkv._torch_lookups), or the step the whole table.
         self._sparse, self._rows = sparse, {}
         self._rows_only = not update_on_kvstore or (kvstore.num_workers == 1 and lazy)
         init_and_pull(kvstore, names, tensors, sparse)
@@ -250,6 +258,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if server is not None:
             kvstore.set_optimizer(server)
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in trained]
+        self._lookups = BatchPulls(kvstore, {} if self._rows_only else lookups)
         claim(kvstore, names)
         # a dist store's step loops: a replacement of this rank resumes there
         pull = functools.partial(pull_into, kvstore, names, tensors)
@@ -271,18 +280,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def sparse_pull(self) -> dict[str, str]:
-        """Per key of a sparse parameter (``sparse_params``), what a step pulls:
-        ``'rows'`` (``row_sparse_pull`` of the rows this rank pushed) or ``'table'``
-        (the whole table; why: :mod:`labkv._torch_sparse`).
+        """Per key of a sparse parameter (``sparse_params``), what is pulled:
+        ``'batch'`` (each lookup of the embedding pulls its rows first, the step
+        none: the bytes follow the rows a batch touches), ``'rows'`` (a step pulls
+        the rows this rank pushed, all that changed: one rank, SGD without momentum,
+        or torch stepping) or ``'table'`` (a step pulls the whole table: parameters
+        given without their module, or tied to another one). Why:
+        :mod:`labkv._torch_sparse`, :mod:`labkv._torch_lookups`.
 
         >>> import torch, labkv
         >>> emb = torch.nn.Embedding(10, 2, sparse=True)
+        >>> sgd = torch.optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
+        >>> opt = DistributedOptimizer(sgd, labkv.create(), None, True, sparse_params=emb)
+        >>> opt.sparse_pull
+        {'param.0': 'batch'}
+        >>> opt.remove_hooks()
         >>> sgd = torch.optim.SGD(emb.parameters(), lr=0.1)
         >>> DistributedOptimizer(sgd, labkv.create(), sparse_params=emb).sparse_pull
         {'param.0': 'rows'}
         """
         how = "rows" if self._rows_only else "table"
-        return {n: how for n, _ in self._trained if n in self._sparse}
+        batch = self._lookups.names
+        return {n: "batch" if n in batch else how for n, _ in self._trained if n in self._sparse}
 
     @property
     def names(self) -> list[str]:
@@ -323,6 +342,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             value = store_array(p.grad, name)
         self._kvstore.push(name, value)
         self._pushed[name] = p
+        self._lookups.pushed(name)
         if not self._update_on_kvstore:
             mark_gradients(self._kvstore, name)
 
@@ -352,7 +372,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for name, p in self._trained:
             if p.grad is not None and name not in self._pushed:
                 self._push(name, p)
-        pushed = [(n, p) for n, p in self._pushed.items() if p.grad is not None]
+        batch = self._lookups.names  # each lookup pulls its rows: nothing to pull here
+        pushed = [(n, p) for n, p in self._pushed.items() if p.grad is not None and n not in batch]
         rows, self._rows = self._rows, {}
         self._pushed, self._passes = {}, {}
         by_rows = [(n, p) for n, p in pushed if n in rows and self._rows_only]
@@ -367,6 +388,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             divide = kv.num_workers
             pull_into(kv, names, [p.grad for _, p in whole], divide=divide)
             pull_rows_into(kv, sparse_names, sparse_params, rows_of, True, divide)
+        self._lookups.stepped()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Synchronise (see :meth:`synchronize`), then, with ``update_on_kvstore=False``,
@@ -385,10 +407,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The torch optimizer's ``zero_grad``; gradient accumulation starts again."""
         self._optimizer.zero_grad(set_to_none=set_to_none)
         self._passes, self._pushed, self._rows = {}, {}, {}
+        self._lookups.stepped()
+
+    def pull_tables(self) -> None:
+        """Pull the whole of each table whose rows each lookup pulls (``sparse_pull``
+        ``'batch'``) into its parameter: rows other ranks changed since this rank
+        last looked them up are older here. ``state_dict()`` of a module holding
+        such a table does it itself, so a checkpoint holds every row."""
+        self._lookups.pull_tables()
 
     def remove_hooks(self) -> None:
         """Stop pushing gradients from the backward pass (the parameters' hooks go)
-        and free the keys for another DistributedOptimizer."""
+        and pulling rows before lookups (after pulling those tables whole), and
+        free the keys for another DistributedOptimizer."""
+        self._lookups.remove()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []

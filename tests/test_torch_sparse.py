@@ -1,6 +1,7 @@
 """``labkv.torch`` with ``nn.Embedding(sparse=True)``: sparse gradients pushed as
 row-sparse values (``labkv._torch_sparse``), against torch's own SGD with sparse
-gradients; two ranks on dist_sync against one process on the full batch; the bytes
+gradients; 1, 2 and 3 ranks on dist_sync, each pulling its batch's rows before the
+lookup (``labkv._torch_lookups``), against one process on the full batch; the bytes
 the servers count grow with the rows touched; and what is refused, naming the option."""
 
 from __future__ import annotations
@@ -45,10 +46,20 @@ class _Model(torch.nn.Module):
         return self.head(self.emb(x).sum(dim=1))
 
 
-def _data(n: int = 32):
-    g = torch.Generator().manual_seed(1)
+def _data(n: int = 36, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, ROWS // 4, (n, 3), generator=g)  # rows repeat within a batch
     return x, torch.randn(n, 1, generator=g)
+
+
+def _batches(steps: int = STEPS):
+    """A new batch of 36 (shared by 1, 2 or 3 ranks) every step."""
+    return [_data(seed=100 + t) for t in range(steps)]
+
+
+def _shard(batch, rank: int, num_workers: int):
+    n = len(batch[0]) // num_workers
+    return tuple(t[rank * n : (rank + 1) * n] for t in batch)
 
 
 def _train(model, opt, x, y, steps: int = STEPS) -> None:
@@ -83,8 +94,9 @@ def test_one_rank_equals_torchs_own_sgd_with_sparse_gradients(update_on_kvstore,
     )
     # rows alone unless the servers' momentum moves every row (see labkv._torch_sparse)
     lazy = momentum == 0 or not update_on_kvstore
-    assert opt.sparse_pull == {"emb.weight": "rows" if lazy else "table"}
+    assert opt.sparse_pull == {"emb.weight": "rows" if lazy else "batch"}
     _train(model, opt, *_data())
+    opt.pull_tables()  # 'batch': the rows not looked up since they changed
     # Coalescing sums a row's repeats before the step, torch adds them one by one
     # (and, on the servers, labkv's SGD is MXNet's formula): 3.6e-7 at most measured
     # on values of about 1, so 2e-6 (about 16 ulps).
@@ -131,45 +143,82 @@ def test_half_precision_sparse_gradients_travel_as_float32():
     assert model.emb.weight.dtype == torch.bfloat16
 
 
-# -- two ranks on dist_sync ------------------------------------------------------------------
+# -- 1, 2 and 3 ranks on dist_sync -----------------------------------------------------------
+def _reference(momentum: float, num_workers: int):
+    """One process, plain torch, the full batch every step: each step's loss on each
+    rank's shard (before the step), the final weights, and the model's outputs on
+    the full first batch after training (a lookup outside any step)."""
+    model = _Model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    losses = [[] for _ in range(num_workers)]
+    for x, y in _batches():
+        sgd.zero_grad()
+        out = model(x)
+        for r in range(num_workers):
+            losses[r].append(F.mse_loss(*_shard((out, y), r, num_workers)).item())
+        F.mse_loss(out, y).backward()
+        sgd.step()
+    with torch.no_grad():
+        evaluated = model(_batches()[0][0]).numpy()
+    return losses, [p.detach().numpy() for p in model.state_dict().values()], evaluated
+
+
 def _rank(kv, momentum, update_on_kvstore=None):
-    """This rank's half of every batch; rank 1's model starts elsewhere."""
+    """This rank's share of every batch; rank 1's model starts elsewhere. Its losses,
+    its weights (``state_dict()``: the whole tables), its outputs on a batch after
+    training, and ``sparse_pull``."""
     torch.set_num_threads(1)
-    x, y = _data()
-    n = len(x) // kv.num_workers
-    x, y = x[kv.rank * n : (kv.rank + 1) * n], y[kv.rank * n : (kv.rank + 1) * n]
     model = _Model(seed=kv.rank)
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     opt = lkt.DistributedOptimizer(
         sgd, kv, model.named_parameters(), update_on_kvstore, sparse_params=model
     )
-    _train(model, opt, x, y)
-    return [p.detach().numpy().copy() for p in model.parameters()], opt.sparse_pull
+    losses = []
+    for batch in _batches():
+        x, y = _shard(batch, kv.rank, kv.num_workers)
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        evaluated = model(_batches()[0][0]).numpy()
+    weights = [p.numpy().copy() for p in model.state_dict().values()]
+    return losses, weights, evaluated, opt.sparse_pull
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_two_ranks_on_dist_sync_equal_one_process_on_the_full_batch(momentum):
-    expected = [p.detach().numpy() for p in _torch_sgd(momentum).parameters()]
-    with InProcessCluster("dist_sync", 2, 2, timeout=20.0) as c:
-        results = in_threads(*[lambda kv=kv: _rank(kv, momentum) for kv in c.ranks], timeout=120)
-    for weights, how in results:
-        assert how == {"emb.weight": "table"}  # a rank does not know the other's rows
-        for got, want, same in zip(weights, expected, results[0][0], strict=True):
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_every_ranks_loss_equals_one_process_on_its_share_of_the_batch(num_workers, momentum):
+    losses, weights, evaluated = _reference(momentum, num_workers)
+    with InProcessCluster("dist_sync", 2, num_workers, timeout=20.0) as c:
+        fns = [lambda kv=kv: _rank(kv, momentum) for kv in c.ranks]
+        results = in_threads(*fns, timeout=120)
+    # one rank and SGD: the step pulls the rows pushed, all that changed; else each
+    # lookup pulls its rows (a rank does not know the others' rows)
+    how = "rows" if num_workers == 1 and momentum == 0 else "batch"
+    for rank, (got_losses, got_weights, got_evaluated, pulled) in enumerate(results):
+        assert pulled == {"emb.weight": how}
+        # the ranks' shard means averaged against one mean of 36: float32 ulps
+        np.testing.assert_allclose(got_losses, losses[rank], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got_evaluated, evaluated, rtol=1e-5, atol=2e-6)
+        for got, want, same in zip(got_weights, weights, results[0][1], strict=True):
             np.testing.assert_array_equal(got, same)  # every rank keeps the same weights
-            # the two half-batch means averaged against one mean of 32: float32 ulps
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_two_ranks_on_a_real_cluster_equal_one_process_on_the_full_batch(handle):
+def test_two_ranks_on_a_real_cluster_equal_one_process_on_their_share(handle):
     from labkv.cluster import run
 
-    expected = [p.detach().numpy() for p in _torch_sgd(0.0).parameters()]
+    losses, weights, evaluated = _reference(0.0, 2)
     results = run(_rank, num_workers=2, cluster=handle, args=(0.0,))
-    for weights, how in results:
-        assert how == {"emb.weight": "table"}
-        for got, want in zip(weights, expected, strict=True):
+    for rank, (got_losses, got_weights, got_evaluated, pulled) in enumerate(results):
+        assert pulled == {"emb.weight": "batch"}
+        np.testing.assert_allclose(got_losses, losses[rank], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got_evaluated, evaluated, rtol=1e-5, atol=2e-6)
+        for got, want in zip(got_weights, weights, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
@@ -177,21 +226,21 @@ def test_two_ranks_on_a_real_cluster_equal_one_process_on_the_full_batch(handle)
 TABLE = 10_000
 
 
-def _step_bytes(kv, touched: int, sparse_embedding: bool) -> tuple[int, int]:
+def _step_bytes(kv, lookups, sparse_embedding: bool, by_module: bool = True) -> tuple[int, int]:
     """The servers' bytes in and out of one step of a table of TABLE x DIM whose
-    batch touches ``touched`` rows (each twice)."""
+    forward looks up each of ``lookups`` (id tensors) in turn; ``sparse_params`` is
+    the module, or (``by_module=False``) its weight alone."""
     torch.manual_seed(0)
     emb = torch.nn.Embedding(TABLE, DIM, sparse=sparse_embedding)
-    name = f"emb{touched}{sparse_embedding}"
+    name = f"emb{sparse_embedding}{by_module}"
     opt = lkt.DistributedOptimizer(
         torch.optim.SGD(emb.parameters(), lr=0.1), kv, [(name, emb.weight)], True,
-        sparse_params=emb,
+        sparse_params=emb if by_module else [emb.weight],
     )  # fmt: skip
-    rows = torch.arange(0, TABLE, TABLE // touched)[:touched]
     kv.barrier()  # every rank's init and first pull are done
     before = [sum(s[k] for s in kv.server_load()) for k in ("bytes_in", "bytes_out")]
     kv.barrier()  # every rank has read its "before" (no other rank's step in it)
-    emb(torch.cat([rows, rows])).pow(2).sum().backward()
+    sum(emb(ids).pow(2).sum() for ids in lookups).backward()
     opt.step()
     kv.barrier()  # every rank's step is done
     after = [sum(s[k] for s in kv.server_load()) for k in ("bytes_in", "bytes_out")]
@@ -201,22 +250,53 @@ def _step_bytes(kv, touched: int, sparse_embedding: bool) -> tuple[int, int]:
 def test_bytes_pushed_and_pulled_grow_with_the_rows_touched_not_the_table():
     row = DIM * 4
     for touched in (10, 100, 1000):
+        rows = torch.arange(0, TABLE, TABLE // touched)[:touched]
         with InProcessCluster("dist_sync", 2, 1, bigarray_bound=1000) as c:
-            b_in, b_out = _step_bytes(c.ranks[0], touched, True)
+            b_in, b_out = _step_bytes(c.ranks[0], [torch.cat([rows, rows])], True)
         # the rows and their numbers pushed, the numbers asked for; the rows pulled
         assert b_in == touched * (row + 8) + touched * 8
         assert b_out == touched * row
     with InProcessCluster("dist_sync", 2, 1, bigarray_bound=1000) as c:
-        dense_in, dense_out = _step_bytes(c.ranks[0], 10, False)
+        dense_in, dense_out = _step_bytes(c.ranks[0], [rows], False)
     assert dense_in == dense_out == TABLE * row  # a dense embedding moves its table
 
 
-def test_with_two_ranks_pushes_stay_sparse_and_each_pulls_the_table():
+def _ids(rank: int) -> list[torch.Tensor]:
+    """A rank's two lookups of one step: 60 and 40 ids drawn from the first 600
+    rows (repeats within and across the lookups, and across the ranks)."""
+    g = torch.Generator().manual_seed(rank)
+    return [torch.randint(0, 600, (n,), generator=g) for n in (60, 40)]
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_with_several_ranks_a_step_moves_the_rows_its_lookups_touch(num_workers):
+    row, table = DIM * 4, TABLE * DIM * 4
+    with InProcessCluster("dist_sync", 2, num_workers, bigarray_bound=1000) as c:
+        moved = in_threads(*[lambda kv=kv: _step_bytes(kv, _ids(kv.rank), True) for kv in c.ranks])
+    # per rank, the rows its lookups touch (each pulled once, by the lookup that
+    # first reads it); both pushed (with their numbers) and pulled (numbers in, rows out)
+    touched = [len(torch.unique(torch.cat(_ids(r)))) for r in range(num_workers)]
+    expected_in = sum(u * (row + 8) + u * 8 for u in touched)
+    expected_out = sum(u * row for u in touched)
+    assert moved == [(expected_in, expected_out)] * num_workers  # one window (barriers)
+    per_rank = (expected_in + expected_out) / num_workers
+    assert per_rank < 0.02 * 2 * table  # a dense step pushes and pulls the table
+
+
+def test_parameters_given_without_their_module_pull_the_table_each_step():
     row = DIM * 4
-    for sparse_embedding, pushed in [(True, 50 * (row + 8)), (False, TABLE * row)]:
+    lookups = [torch.arange(0, TABLE, TABLE // 50)] * 2
+    # a sparse table named by its weight alone (no lookup to hook), and a dense table
+    for sparse_embedding, by_module, pushed in [
+        (True, False, 50 * (row + 8)),
+        (False, True, TABLE * row),
+    ]:
         with InProcessCluster("dist_sync", 2, 2, bigarray_bound=1000) as c:
             moved = in_threads(
-                *[lambda kv=kv, s=sparse_embedding: _step_bytes(kv, 50, s) for kv in c.ranks]
+                *[
+                    lambda kv=kv, s=sparse_embedding, m=by_module: _step_bytes(kv, lookups, s, m)
+                    for kv in c.ranks
+                ]
             )
         # one window for both ranks (barriers): both pushes in, both tables out
         assert moved == [(2 * pushed, 2 * TABLE * row)] * 2
