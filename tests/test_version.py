@@ -112,3 +112,15 @@ def test_the_package_version_is_the_one_labkv_reports():
     from importlib.metadata import version
 
     assert version("labkv") == labkv.__version__
+
+
+def test_the_changelog_names_every_protocol_and_this_version():
+    """A protocol bump breaks mixed clusters: the changelog says so for each one."""
+    text = (Path(__file__).resolve().parents[1] / "CHANGELOG.md").read_text()
+    for protocol in FINGERPRINTS:
+        assert f"(protocol {protocol})" in text, f"CHANGELOG.md does not name protocol {protocol}"
+    assert f"## {labkv.__version__} (protocol {labkv.PROTOCOL})" in text
+
+
+def test_labkv_ships_its_type_hints():
+    assert (Path(labkv.__file__).parent / "py.typed").exists()
