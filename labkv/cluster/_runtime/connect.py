@@ -146,7 +146,9 @@ def connect(
     **kw: Any,
 ) -> ClusterHandle:
     """Start an embedded ``LocalCluster`` (``address=None``) or attach to a
-    running scheduler (``'tcp://...'``, or ``'tls://...'`` with ``security``).
+    running scheduler (``'tcp://...'``, or ``'tls://...'`` with ``security``: a
+    ``distributed.Security`` with the cluster's CA and a certificate it trusts,
+    refused at once without one).
 
     Embedded: worker processes on 127.0.0.1, one thread each (ranks run one per
     worker; servers are actors on the workers' event loops and need no thread),
@@ -177,6 +179,8 @@ def connect(
     """
     if upload and address is None:
         raise ValueError("upload=True ships labkv to an attached cluster; the embedded one has it")
+    if address is not None:
+        _check_tls(address, security)
     cluster = None
     # The client talks to server actors directly (bulk data never goes through
     # the scheduler): without direct_to_workers a client's actor calls are
@@ -229,6 +233,28 @@ def connect(
             handle.close()
             raise
     return handle
+
+
+def _check_tls(address: str, security: Security | None) -> None:
+    """Refuse a ``tls://`` address with no certificates, from ``security`` or
+    from Dask's config (``distributed.comm.tls``), before Dask's own TypeError
+    about an ``ssl_context``.
+
+    >>> _check_tls("tls://10.0.0.5:8786", None)
+    Traceback (most recent call last):
+    ...
+    TypeError: tls://10.0.0.5:8786 is a TLS scheduler: pass security=distributed.Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=..., require_encryption=True) with the cluster's CA and a certificate it trusts (or set them in Dask's config, distributed.comm.tls)
+    """
+    if not str(address).startswith("tls://"):
+        return
+    configured = security if security is not None else Security()  # Dask's config
+    if configured.get_connection_args("client").get("ssl_context") is None:
+        raise TypeError(
+            f"{address} is a TLS scheduler: pass security=distributed.Security("
+            "tls_ca_file=..., tls_client_cert=..., tls_client_key=..., require_encryption=True) "
+            "with the cluster's CA and a certificate it trusts (or set them in Dask's config, "
+            "distributed.comm.tls)"
+        )
 
 
 def ship_labkv(handle: ClusterHandle) -> None:
