@@ -178,8 +178,9 @@ def run(
     its rank was lost in, and a dist_sync run ends bit-identical to an
     undisturbed one (what each store type guarantees is in
     ``docs/cluster.md``; a replayed step that pushed other bits than the lost
-    incarnation's is a ``RuntimeWarning`` when the run ends). A rank lost twice at the same step fails the run (a
-    step that kills its worker is a crash). ``"shrink"`` (dist_async and
+    incarnation's is a ``RuntimeWarning`` when the run ends). A rank lost three
+    times at the same step (itself, then its replacement twice) fails the run (a
+    step that kills its worker every time is a crash). ``"shrink"`` (dist_async and
     dist_ssp only) goes on without the lost rank: its result is None, the
     barriers and dist_ssp pulls stop waiting for it, and the rest of its
     partition is not trained on (each remaining push is still applied as it
