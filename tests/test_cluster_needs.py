@@ -11,9 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-import labkv.torch as lkt
 from labkv.cluster import ClusterMismatchError, run
 from labkv.cluster._runtime.compat import _install_line
 from labkv.cluster._runtime.needs import file_imports, file_needs, modules_needed
@@ -56,6 +54,9 @@ def test_a_function_of_a_users_module_needs_the_module_and_what_it_imports(tmp_p
 
 
 def test_a_function_sent_by_value_needs_what_its_code_names():
+    torch = pytest.importorskip("torch")
+    import labkv.torch as lkt
+
     def plain(kv):
         return np.zeros(2)
 
@@ -83,6 +84,7 @@ def test_a_function_sent_by_value_needs_what_its_code_names():
 
 
 def test_torch_is_to_be_installed_at_this_version_not_shipped():
+    torch = pytest.importorskip("torch")
     line = _install_line("torch")
     release = torch.__version__.split("+")[0]
     assert line.startswith(f"install torch=={release} in the cluster's environment")
