@@ -22,10 +22,10 @@ scheduler's log). The search:
   are followed through their imports (``labkv.torch`` imports torch); an
   installed package counts as itself.
 
-labkv and numpy are left to the check's own probe (versions matter there),
-and dask and distributed are on every Dask node. The nodes look the modules
-up (``importlib.util.find_spec``) without importing them, so the check stays
-within seconds.
+labkv and numpy are left to the check's own probe (versions matter there);
+dask, distributed and what distributed imports are on every Dask node. The
+nodes look the modules up (``importlib.util.find_spec``) without importing
+them, so the check stays within seconds.
 
 >>> import labkv.torch
 >>> def train(kv):
@@ -52,8 +52,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-#: Modules the check's own probe covers (labkv, numpy), and those on every Dask node.
-_NOT_ASKED = frozenset({"labkv", "numpy", "dask", "distributed", "__main__", "__future__"})
+#: Modules the check's own probe covers (labkv, numpy), and those on every Dask
+#: node (dask, distributed and what distributed itself imports).
+_NOT_ASKED = frozenset(
+    {"labkv", "numpy", "dask", "distributed", "__main__", "__future__"}
+    | {"cloudpickle", "msgpack", "psutil", "tblib", "tlz", "toolz", "tornado", "yaml", "zict"}
+)
 #: How deep a walk through functions, classes and containers goes.
 _MAX_DEPTH = 6
 
