@@ -265,19 +265,23 @@ def run(
         kvstore.configure_ranks(num_workers)
     else:
         num_servers = num_servers or num_workers
-        futures_to_release, servers, spec = start_servers(
-            handle,
-            kind,
-            num_servers,
-            num_workers,
-            timeout,
-            workers,
-            server_device,
-            bigarray_bound,
-            name=kvstore.lower(),
-            staleness=staleness,
-            replicas=replicas,
-        )
+        try:
+            futures_to_release, servers, spec = start_servers(
+                handle,
+                kind,
+                num_servers,
+                num_workers,
+                timeout,
+                workers,
+                server_device,
+                bigarray_bound,
+                name=kvstore.lower(),
+                staleness=staleness,
+                replicas=replicas,
+            )
+        except Exception:  # Dask's "futures cancelled": a lost scheduler explains it best
+            raise_if_scheduler_gone(client)
+            raise
     hold = replace_timeout if on_rank_loss == "replace" else 0.0
     # this run's own barrier group; its ranks wait for a replacement as the servers do
     spec = dataclasses.replace(spec, group=group, seed=int(seed), replace_hold=hold)
