@@ -7,6 +7,7 @@ The public names are imported from :mod:`labkv.optimizers`."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,11 @@ class Optimizer:
     and clipping, and per-key update counts."""
 
     default_lr = 0.01
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Optimizer:
+        if args:  # MXNet's positional order: learning_rate is a keyword, never first
+            _check_positional(cls, args, kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -212,6 +218,40 @@ class Optimizer:
             f"{k}={v!r}" for k, v in (("lr_mult", self.lr_mult), ("wd_mult", self.wd_mult)) if v
         ]
         return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def _check_positional(cls: type, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Refuse a call that does not bind to ``cls``'s MXNet signature, saying
+    that ``learning_rate`` is a keyword (``SGD(0.1, momentum=0.9)`` would
+    otherwise say only "multiple values for argument 'momentum'").
+
+    >>> from labkv.optimizers import SGD
+    >>> SGD(0.1, momentum=0.9)
+    Traceback (most recent call last):
+    ...
+    TypeError: SGD(momentum=0.0, lazy_update=True, **kwargs): multiple values for argument 'momentum' (its positional arguments are MXNet's: momentum, lazy_update); learning_rate is a keyword: SGD(learning_rate=0.1, momentum=0.9)
+    """
+    signature = inspect.signature(cls.__init__)
+    try:
+        signature.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        params = list(signature.parameters.values())[1:]
+        shown = ", ".join(
+            f"**{p.name}" if p.kind == p.VAR_KEYWORD else f"{p.name}={p.default!r}" for p in params
+        )
+        positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+        order = (
+            f"its positional arguments are MXNet's: {', '.join(positional)}"
+            if positional
+            else "it takes keywords only"
+        )
+        hint = f"{cls.__name__}({shown}): {exc} ({order})"
+        if "learning_rate" not in kwargs and "learning_rate" not in positional:
+            hint += "; learning_rate is a keyword"
+            if len(args) == 1:
+                given = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+                hint += f": {cls.__name__}(learning_rate={args[0]!r}{given})"
+        raise TypeError(hint) from None
 
 
 def _multipliers(given: dict[Any, float], method: str) -> dict[Any, float]:

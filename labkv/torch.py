@@ -45,6 +45,13 @@ from typing import Any
 
 import torch
 
+from ._torch_args import (
+    Compression,
+    broadcast_store,
+    compression_params,
+    optimizer_store,
+    plain_signature,
+)
 from ._torch_keys import (
     Named,
     check_keys,
@@ -72,16 +79,23 @@ from ._torch_tensors import pull_into, store_array
 from ._types import ASYNC_KINDS, SSP_KINDS, store_kind
 from .compression import GradientCompression
 
-__all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
+__all__ = [
+    "Compression",
+    "DistributedOptimizer",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+]
 
 
-def broadcast_parameters(model_or_state_dict: Any, kvstore: Any) -> None:
+def broadcast_parameters(model_or_state_dict: Any, kvstore: Any = None, root_rank: int = 0) -> None:
     """Give every rank rank 0's values of a module's ``state_dict()`` (parameters
     and buffers), a state dict, or ``(name, tensor)`` pairs (``named_parameters()``),
     written into each rank's tensors in place. Keys are the names: a name not in
     the store yet is initialised (on a dist store the owner's values win, MXNet's
     rule: rank 0 of a run), then every rank pulls it; a name in the store already
-    (a DistributedOptimizer's weights) is pulled as it is.
+    (a DistributedOptimizer's weights) is pulled as it is. ``root_rank`` is
+    Horovod's and BytePS's: 0 (also as their second positional argument); another
+    root, or no store, is refused naming why (:mod:`labkv._torch_args`).
 
     >>> import torch, labkv
     >>> model = torch.nn.Linear(2, 1)
@@ -90,18 +104,23 @@ def broadcast_parameters(model_or_state_dict: Any, kvstore: Any) -> None:
     >>> kv.keys()
     ['weight', 'bias']
     """
+    signature = "(model_or_state_dict, kvstore=None, root_rank=0)"
+    kvstore = broadcast_store("broadcast_parameters", kvstore, root_rank, signature)
     items = named_tensors(model_or_state_dict)
     names, tensors = [n for n, _ in items], [t for _, t in items]
     check_keys(kvstore, names, tensors, "broadcast_parameters")
     init_and_pull(kvstore, names, tensors)
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, kvstore: Any) -> None:
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, kvstore: Any = None, root_rank: int = 0
+) -> None:
     """Load rank 0's torch optimizer state (its per-parameter tensors and values,
     and its param groups' options) on every rank, e.g. after rank 0 alone read a
     checkpoint. Every rank calls it; rank 0's state travels under fresh keys
     ``optimizer_state.<n>/...``. With ``update_on_kvstore=True`` the state lives
     on the servers, one copy for all ranks, and there is nothing to do.
+    ``root_rank``: as :func:`broadcast_parameters`'s.
 
     >>> import torch, labkv
     >>> w = torch.nn.Parameter(torch.ones(2))
@@ -112,6 +131,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, kvstore: Any) ->
     >>> opt.state[w]["momentum_buffer"]
     tensor([1., 1.])
     """
+    signature = "(optimizer, kvstore=None, root_rank=0)"
+    kvstore = broadcast_store("broadcast_optimizer_state", kvstore, root_rank, signature)
     if isinstance(optimizer, DistributedOptimizer):
         if optimizer.update_on_kvstore:
             return
@@ -160,7 +181,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Frozen parameters (``requires_grad=False``) get no key; a parameter whose
     gradient is ``None`` at ``step()`` is skipped, as torch skips it (on
     dist_sync every rank must skip the same ones, or the others wait for its
-    push). ``compression`` goes to ``kvstore.set_gradient_compression``.
+    push). ``compression`` goes to ``kvstore.set_gradient_compression``
+    (MXNet's ``{'type': '2bit', 'threshold': 0.5}``; ``Compression.none``
+    is no compression, as Horovod's and BytePS's; their ``fp16`` is refused).
+    Horovod's and BytePS's positional order works too: the second argument may
+    be ``named_parameters`` (``model.named_parameters()``), the store then
+    third (:mod:`labkv._torch_args`).
     With ``backward_passes_per_step=N`` a gradient is pushed after its N-th
     backward pass (torch sums the passes); ``step()`` pushes what is left.
 
@@ -187,10 +213,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        kvstore: Any,
+        kvstore: Any = None,
         named_parameters: Named | None = None,
         update_on_kvstore: bool | None = None,
-        compression: dict[str, Any] | None = None,
+        compression: dict[str, Any] | Compression | None = None,
         backward_passes_per_step: int = 1,
         sparse_params: SparseParams = None,
     ):
@@ -198,6 +224,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             optimizer, DistributedOptimizer
         ):
             raise TypeError(f"expected a torch.optim optimizer, got {type(optimizer).__name__}")
+        signature = plain_signature(type(self).__init__)
+        kvstore, named_parameters = optimizer_store(kvstore, named_parameters, signature)
+        compression = compression_params(compression)
         passes = backward_passes_per_step
         if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")

@@ -1,5 +1,7 @@
 """Dask CLI processes for the tests: a ``dask scheduler`` and ``dask worker``
-processes on 127.0.0.1, from this environment or from another one."""
+processes on 127.0.0.1, from this environment or from another one
+(:func:`bare_python`: a venv with this environment's packages but not labkv,
+and without the packages named)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -91,3 +94,46 @@ def start_worker(
         env=env,
         cwd=tmp,
     )
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without PYTHONPATH (which would bring labkv)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(extra)
+    return env
+
+
+def bare_python(root: Path, without: tuple[str, ...] = ()) -> str:
+    """The python of a new venv under ``root`` with this environment's packages
+    but not labkv (its editable install is a ``.pth`` file, which only a site
+    directory's processing would read), nor the top-level packages ``without``
+    (e.g. ``("torch",)``): the packages are reached through a directory of links
+    to this environment's, less those."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    python = str(root / "venv" / "bin" / "python")
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    ours = Path(sysconfig.get_paths()["purelib"])
+    deps = ours
+    if without:
+        deps = root / "deps"
+        deps.mkdir()
+        for entry in ours.iterdir():
+            if entry.name.split(".")[0].split("-")[0] not in without:
+                (deps / entry.name).symlink_to(entry)
+    Path(purelib, "deps.pth").write_text(f"{deps}\n")
+    imports = ", ".join(["dask", "distributed", "numpy"])
+    absent = "; ".join(f"assert importlib.util.find_spec({n!r}) is None" for n in without)
+    probe = subprocess.run(
+        [python, "-c", f"import importlib.util, {imports}; {absent or 'pass'}; import labkv"],
+        cwd=root,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert "No module named 'labkv'" in probe.stderr, probe.stderr
+    return python

@@ -56,3 +56,18 @@ def test_the_embedded_dashboard_listens_on_loopback_only():
         sockets = handle.cluster.scheduler.http_server._sockets.values()
         hosts = {s.getsockname()[0] for s in sockets}
         assert hosts == {"127.0.0.1"}, hosts  # not 0.0.0.0 or ::
+
+
+def test_a_tls_address_without_security_names_the_argument():
+    # Refused before any connection is tried: nothing listens on this port.
+    with pytest.raises(TypeError, match=r"pass security=distributed\.Security\(tls_ca_file="):
+        connect("tls://127.0.0.1:9", timeout="2s")
+
+
+def test_cluster_mismatch_error_is_public_and_a_cluster_error():
+    import labkv.cluster
+    from labkv.cluster._runtime import compat
+
+    assert labkv.cluster.ClusterMismatchError is compat.ClusterMismatchError
+    assert issubclass(labkv.cluster.ClusterMismatchError, labkv.cluster.ClusterError)
+    assert "ClusterMismatchError" in labkv.cluster.__all__

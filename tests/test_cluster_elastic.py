@@ -319,3 +319,17 @@ def test_the_live_rank_waits_past_its_timeout_while_the_lost_one_is_replaced(hol
         else:
             threads[0].join(10)
             assert re.search(r"did not answer (a push|pull) within 5.5 s", str(results["error"]))
+
+
+def test_runs_docstring_and_the_docs_give_the_same_loss_limit():
+    """``Replacer.replace`` fails a rank's third loss at one step (tested in
+    test_cluster_elastic_dask.py); ``run``'s docstring and docs/cluster.md say so."""
+    from pathlib import Path
+
+    from labkv.cluster import run
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
+    for text in (run.__doc__, docs):
+        said = " ".join(text.split())
+        assert "lost three times at the same step (itself, then its replacement twice)" in said
+        assert "lost twice at the same step" not in said

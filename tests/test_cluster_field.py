@@ -6,11 +6,9 @@ cluster is the default one."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -18,10 +16,11 @@ import numpy as np
 import pytest
 
 import labkv
-from labkv.cluster import ClusterError, connect, default_handle, run
+from labkv.cluster import ClusterError, ClusterMismatchError, connect, default_handle, run
 from labkv.cluster._runtime.compat import CHECK_TIMEOUT_S
 from labkv.cluster._runtime.connect import attached_handle
-from tests._cli import Procs, start_scheduler, start_worker
+from tests._cli import Procs, clean_env, start_scheduler, start_worker
+from tests._cli import bare_python as make_bare_python
 
 pytestmark = pytest.mark.slow
 
@@ -40,36 +39,10 @@ def sum_ranks(kv):
 FAST_S = 3 * CHECK_TIMEOUT_S
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(extra)
-    return env
-
-
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory) -> str:
-    """The python of a new venv with Dask and numpy (this environment's packages,
-    on a path entry) but not labkv: its editable install is a ``.pth`` file,
-    which only a site directory's processing would read."""
-    root = tmp_path_factory.mktemp("bare")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
-    python = str(root / "venv" / "bin" / "python")
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    Path(purelib, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    probe = subprocess.run(
-        [python, "-c", "import dask, distributed, numpy; import labkv"],
-        cwd=root,
-        env=_clean_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert "No module named 'labkv'" in probe.stderr, probe.stderr
-    return python
+    """The python of a new venv with Dask and numpy but not labkv."""
+    return make_bare_python(tmp_path_factory.mktemp("bare"))
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +104,7 @@ def test_a_cluster_without_labkv_fails_fast_and_upload_ships_it(
     ranks, ranks_path = ranks_module
     procs = Procs(tmp_path)
     try:
-        env = _clean_env()
+        env = clean_env()
         address = start_scheduler(procs, tmp_path, python=bare_python, env=env)
         start_worker(procs, "w", address, tmp_path, python=bare_python, env=env, nworkers=2)
         with connect(address, n_workers=2) as handle:
@@ -157,7 +130,7 @@ def test_a_cluster_without_labkv_fails_fast_and_upload_ships_it(
                 assert set(kv.spec.server_addresses) == set(handle.workers())
             finally:
                 kv.close()
-            handle.client.upload_file(ranks_path)  # the user's module, as the docs say
+            handle.upload_module(ranks_path)  # the user's module, as the docs say
             for value in run(ranks.sum_ranks, num_workers=2):
                 np.testing.assert_array_equal(value, [3.0, 3.0, 3.0])
             # A worker that joins later gets labkv from the upload plugin.
@@ -174,9 +147,9 @@ def test_numpy_and_labkv_version_mismatches_fail_fast_each_on_its_line(
 ):
     procs = Procs(tmp_path)
     try:
-        address = start_scheduler(procs, tmp_path, env=_clean_env())
-        start_worker(procs, "np1", address, tmp_path, env=_clean_env(PYTHONPATH=numpy1_path))
-        start_worker(procs, "old", address, tmp_path, env=_clean_env(PYTHONPATH=old_labkv_path))
+        address = start_scheduler(procs, tmp_path, env=clean_env())
+        start_worker(procs, "np1", address, tmp_path, env=clean_env(PYTHONPATH=numpy1_path))
+        start_worker(procs, "old", address, tmp_path, env=clean_env(PYTHONPATH=old_labkv_path))
         with connect(address, n_workers=2) as handle:
             versions = handle.client.run(lambda: __import__("numpy").__version__)
             np1 = [w for w, v in versions.items() if v.startswith("1.")]
@@ -229,3 +202,91 @@ def test_store_and_run_use_the_attached_cluster_by_default(handle):
 def test_too_many_ranks_says_how_to_get_more_workers(handle):
     with pytest.raises(ClusterError, match=r"connect\(n_workers=5\)"):
         run(_sum_ranks, num_workers=5, cluster=handle)
+
+
+# A torch model's module, as a user writes it (torch at its top, labkv.torch too).
+TORCH_MODULE = """
+import torch
+
+import labkv.torch as lkt
+
+
+def train(kv):
+    model = torch.nn.Linear(2, 1)
+    opt = lkt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), kv)
+    return [p.detach().numpy() for p in model.parameters()]
+"""
+
+
+@pytest.fixture(scope="module")
+def torchless_python(tmp_path_factory) -> str:
+    """The python of a new venv with Dask and numpy but neither labkv nor torch."""
+    return make_bare_python(tmp_path_factory.mktemp("torchless"), without=("torch",))
+
+
+def _refusal(make) -> str:
+    with pytest.raises(ClusterMismatchError) as info:
+        make()
+    return str(info.value)
+
+
+def _one_line_each(message: str, nodes: list[str], text: str) -> None:
+    for who in nodes:
+        lines = [line for line in message.splitlines() if line.startswith(f"  {who}: ")]
+        assert len(lines) == 1 and text in lines[0], (who, message)
+
+
+def test_a_cluster_without_torch_is_named_node_by_node_before_anything_is_sent(
+    tmp_path, torchless_python, monkeypatch
+):
+    import torch
+
+    module_dir = tmp_path / "user"
+    module_dir.mkdir()
+    path = module_dir / "labkv_field_mlp.py"
+    path.write_text(TORCH_MODULE)
+    monkeypatch.syspath_prepend(str(module_dir))
+    monkeypatch.delitem(sys.modules, "labkv_field_mlp", raising=False)
+    import labkv_field_mlp as mlp
+
+    procs = Procs(tmp_path)
+    try:
+        env = clean_env()
+        address = start_scheduler(procs, tmp_path, python=torchless_python, env=env)
+        start_worker(procs, "w", address, tmp_path, python=torchless_python, env=env, nworkers=2)
+        with connect(address, n_workers=2, upload=True) as handle:
+            nodes = [f"scheduler {address}"] + [f"worker {w}" for w in handle.workers()]
+            release = torch.__version__.split("+")[0]
+
+            # labkv's upload path checks first: nothing is left behind on a refusal.
+            start = time.monotonic()
+            message = _refusal(lambda: handle.upload_module(path))
+            upload_s = time.monotonic() - start
+            _one_line_each(message, nodes, "no torch (labkv_field_mlp.py imports it)")
+            assert f"install torch=={release} in the cluster's environment" in message
+            assert "labkv cannot ship torch" in message
+
+            def plugins(dask_scheduler=None):
+                return [*dask_scheduler.plugins, *dask_scheduler.worker_plugins]
+
+            assert not [
+                n for n in handle.client.run_on_scheduler(plugins) if "labkv_field_mlp" in n
+            ]
+
+            # run of a function of the module: torch and the module itself, per node
+            start = time.monotonic()
+            message = _refusal(lambda: run(mlp.train, num_workers=2))
+            run_s = time.monotonic() - start
+            _one_line_each(message, nodes, "no torch (train needs it, through labkv_field_mlp)")
+            _one_line_each(message, nodes, "no labkv_field_mlp (train needs it)")
+            assert f"handle.upload_module({str(path)!r})" in message
+
+            # a function sent by value (a notebook's, or a script's __main__)
+            def train_here(kv):
+                return float(torch.ones(1).sum()) * kv.rank
+
+            message = _refusal(lambda: run(train_here, num_workers=2))
+            _one_line_each(message, nodes, "no torch (train_here needs it)")
+            print(f"refused: upload_module {upload_s:.2f} s, run {run_s:.2f} s\n{message}")
+    finally:
+        procs.stop()

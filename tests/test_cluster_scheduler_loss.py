@@ -53,3 +53,30 @@ def test_a_killed_scheduler_is_named_within_seconds(tmp_path, under):
         if handle is not None:
             handle.client.close(timeout=5)
         procs.stop()
+
+
+def test_a_scheduler_lost_while_a_runs_servers_start_is_named(tmp_path, monkeypatch):
+    """The scheduler dies after run's checks, as its servers are submitted: the
+    error names the scheduler, not Dask's cancelled server futures."""
+    import labkv.cluster._runtime.run as run_module
+
+    procs = Procs(tmp_path)
+    handle = None
+    try:
+        address = start_scheduler(procs, tmp_path)
+        start_worker(procs, "w", address, tmp_path, nworkers=2)
+        handle = connect(address, n_workers=2, set_as_default=False)
+        scheduler, start_servers = procs.procs[0], run_module.start_servers
+
+        def scheduler_dies_first(*args, **kwargs):
+            scheduler.send_signal(signal.SIGKILL)
+            scheduler.wait(timeout=10)
+            return start_servers(*args, **kwargs)
+
+        monkeypatch.setattr(run_module, "start_servers", scheduler_dies_first)
+        with pytest.raises(ClusterError, match="scheduler at .* is gone"):
+            run(push_and_pull_for, num_workers=2, cluster=handle, timeout=60, args=(60, 0.005))
+    finally:
+        if handle is not None:
+            handle.client.close(timeout=5)
+        procs.stop()

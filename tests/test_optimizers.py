@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -237,3 +238,34 @@ def test_bad_multipliers_are_refused():
     with pytest.raises(ValueError, match="could not convert"):
         opt.set_lr_mult({"w": "fast"})
     assert opt.lr_mult == {} and opt.wd_mult == {}
+
+
+def test_a_positional_learning_rate_is_refused_naming_the_keyword():
+    # MXNet's first positional argument is momentum (SGD, NAG, Signum) or beta1 (Adam).
+    with pytest.raises(
+        TypeError, match=r"learning_rate is a keyword: SGD\(learning_rate=0.1, momentum=0.9\)"
+    ):
+        optimizers.SGD(0.1, momentum=0.9)
+    with pytest.raises(
+        TypeError, match=r"SignSGD\(\*\*kwargs\): too many positional .*keywords only"
+    ):
+        optimizers.SignSGD(0.1)
+    # What binds is MXNet's meaning, unchanged: SGD(0.9) is momentum 0.9.
+    sgd = optimizers.SGD(0.9, learning_rate=0.1)
+    assert (sgd.momentum, sgd.lr) == (0.9, 0.1)
+    assert (
+        optimizers.Adam(0.5).lr == optimizers.Adam.default_lr and optimizers.Adam(0.5).beta1 == 0.5
+    )
+
+
+def test_the_docs_optimizer_calls_run():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    texts = [(root / "README.md").read_text()] + [
+        p.read_text() for p in (root / "docs").glob("*.md")
+    ]
+    calls = [c for t in texts for c in re.findall(r"labkv\.optimizers\.[A-Z]\w*\([^()]*\)", t)]
+    assert calls
+    for call in calls:
+        assert isinstance(eval(call, {"labkv": labkv}), optimizers.Optimizer), call

@@ -20,6 +20,29 @@ def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "states.npz").exists()
 
 
+def test_readme_scripts_do_their_work_under_main(tmp_path, monkeypatch):
+    """A script that starts a cluster is imported again by every spawned worker:
+    its top level only defines, the work is under ``if __name__ == "__main__":``."""
+    import ast
+
+    import labkv
+
+    monkeypatch.chdir(tmp_path)
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    scripts = [b for b in blocks if 'if __name__ == "__main__":' in b]
+    assert len(scripts) >= 2
+    for block in scripts:
+        for node in ast.parse(block).body:
+            defines = isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)
+            main = isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+            assert defines or main, ast.unparse(node)
+    (torch_example,) = [b for b in scripts if "labkv.torch" in b]
+    namespace: dict = {}
+    exec(compile(torch_example, "README.md", "exec"), namespace)
+    loss = namespace["train"](labkv.create("local"))
+    assert isinstance(loss, float) and loss < 1.0
+
+
 def setup_commands() -> list[str]:
     setup = README.split("## Set up", 1)[1]
     return re.search(r"```bash\n(.*?)```", setup, flags=re.S).group(1).strip().splitlines()

@@ -1,6 +1,8 @@
 """The distributed store on Dask: server shards on Dask workers.
 
-- :func:`connect`: an embedded ``LocalCluster`` or a running scheduler.
+- :func:`connect`: an embedded ``LocalCluster`` or a running scheduler; a
+  node that cannot run what a store or a run needs is a
+  :class:`ClusterMismatchError` (a :class:`ClusterError`) naming it.
 - ``labkv.create('dist_sync', cluster=handle)``: a store whose keys live on
   server actors; in a notebook the kernel is rank 0 of 1.
 - :func:`run`: ``fn(kv)`` as W ranks, one pinned Dask task per worker;
@@ -16,6 +18,7 @@ from ._errors import ClusterError
 from ._placement import key_id, place
 from ._rank.steps import Step
 from ._rank.store import DistStore
+from ._runtime.compat import ClusterMismatchError
 from ._runtime.connect import ClusterHandle, connect, default_handle
 from ._runtime.links import create_store
 from ._runtime.run import run
@@ -23,6 +26,7 @@ from ._runtime.run import run
 __all__ = [
     "ClusterError",
     "ClusterHandle",
+    "ClusterMismatchError",
     "DistStore",
     "Step",
     "connect",

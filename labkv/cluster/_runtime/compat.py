@@ -1,24 +1,32 @@
 """Checking a cluster before relying on it: is labkv on the scheduler and on
 every worker a store or a run uses, of this process's version and wire
-protocol, beside a numpy of this process's major version?
+protocol, beside a numpy of this process's major version? And, for a run or
+a user's module, are the modules it needs there (torch for ``labkv.torch``;
+:mod:`~labkv.cluster._runtime.needs` finds them)?
 
 A cluster started from another environment fails in ways that name nothing
 useful: a scheduler without labkv refuses the task graph ("Error during
 deserialization"), workers without it never start a server (a wait of the
 whole timeout), a numpy of another major version cannot read this process's
 arrays (a hang until the timeout; the cause only in a worker's log), and an
-older labkv fails inside a constructor. :func:`check_cluster` asks every
-node first, within a few seconds, and raises one :class:`ClusterMismatchError`
-with a line per node that differs, naming what to do.
+older labkv fails inside a constructor, and a rank function of a torch model
+on a scheduler without torch fails as a scheduler without labkv does.
+:func:`check_cluster` asks every node first, within a few seconds, and raises
+one :class:`ClusterMismatchError` with a line per node that differs, naming
+what to do. Modules are looked up (``importlib.util.find_spec``), not
+imported: importing torch on a scheduler takes seconds and memory.
 
 The probe is plain Python compiled from source here, so that it pickles by
-value and runs where labkv cannot be imported. Nodes that passed are
-remembered per handle (by address), so a cluster is asked once.
+value and runs where labkv cannot be imported. Nodes that passed, and the
+modules each has, are remembered per handle (by address), so a cluster is
+asked once.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,10 +41,20 @@ if TYPE_CHECKING:
 CHECK_TIMEOUT_S = 5.0
 
 _PROBE_SOURCE = '''
-def labkv_probe(dask_worker=None, dask_scheduler=None):
-    """What this process has of labkv and numpy (a dict of plain values)."""
+def labkv_probe(modules=(), dask_worker=None, dask_scheduler=None):
+    """What this process has of labkv and numpy (a dict of plain values), and
+    which of ``modules`` it cannot find (looked up, not imported)."""
+    import importlib.util
     import sys
     found = {"python": "%d.%d" % sys.version_info[:2]}
+    missing = []
+    for name in modules:
+        try:
+            if name not in sys.modules and importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except Exception:
+            missing.append(name)
+    found["missing"] = missing
     try:
         import numpy
         found["numpy"] = numpy.__version__
@@ -74,8 +92,9 @@ class ClusterMismatchError(ClusterError):
     """The scheduler or a worker cannot run this labkv (see :func:`check_cluster`)."""
 
 
-def mismatch(found: dict[str, Any]) -> str | None:
-    """What differs between a node's probe result and this process, or None.
+def mismatch(found: dict[str, Any], needs: Mapping[str, str] | None = None) -> str | None:
+    """What differs between a node's probe result and this process, or None;
+    ``needs``: why each module the node was asked for is needed.
 
     >>> mismatch(labkv_probe()) is None
     True
@@ -83,24 +102,35 @@ def mismatch(found: dict[str, Any]) -> str | None:
     "no labkv (ModuleNotFoundError: No module named 'labkv')"
     >>> mismatch({"labkv": "0.0.1", "protocol": None, "numpy": np.__version__})[:37]
     'labkv 0.0.1 (wire protocol none), not'
+    >>> mismatch({**labkv_probe(), "missing": ["torch"]}, {"torch": "train needs it"})
+    'no torch (train needs it)'
     """
-    problems = []
+    problems = list(labkv_mismatch(found).values())
+    why = needs or {}
+    problems += [f"no {name} ({why.get(name, 'needed')})" for name in found.get("missing", ())]
+    return "; ".join(problems) or None
+
+
+def labkv_mismatch(found: dict[str, Any]) -> dict[str, str]:
+    """What differs in labkv (version, protocol) and numpy between a node's
+    probe result and this process: ``{'labkv' | 'numpy': what}``."""
+    problems = {}
     if "labkv_error" in found:
-        problems.append(f"no labkv ({found['labkv_error']})")
+        problems["labkv"] = f"no labkv ({found['labkv_error']})"
     elif found.get("labkv") != __version__ or found.get("protocol") != PROTOCOL:
         protocol = found.get("protocol")
-        problems.append(
+        problems["labkv"] = (
             f"labkv {found.get('labkv') or 'of no version'} (wire protocol "
             f"{'none' if protocol is None else protocol}), not {__version__} (protocol {PROTOCOL})"
         )
     if "numpy_error" in found:
-        problems.append(f"no numpy ({found['numpy_error']})")
+        problems["numpy"] = f"no numpy ({found['numpy_error']})"
     elif "numpy" in found and _major(found["numpy"]) != _major(np.__version__):
-        problems.append(
+        problems["numpy"] = (
             f"numpy {found['numpy']}, not {_major(np.__version__)}.x as here ({np.__version__}): "
             "arrays pickled by one major version do not load in the other"
         )
-    return "; ".join(problems) or None
+    return problems
 
 
 def _major(version: str) -> str:
@@ -116,15 +146,15 @@ async def _ask(coro: Any, timeout: float) -> dict[str, Any]:
         return {"unanswered": f"could not run labkv's check ({type(exc).__name__}: {exc})"}
 
 
-async def _probe_all(client: Any, workers: list[str], scheduler: bool, timeout: float) -> dict:
-    names: list[str] = []
+async def _probe_all(client: Any, asked: dict[str, tuple[str, ...]], timeout: float) -> dict:
+    names = list(asked)
     asks = []
-    if scheduler:
-        names.append("scheduler")
-        asks.append(_ask(client._run_on_scheduler(labkv_probe), timeout))
-    for address in workers:
-        names.append(address)
-        asks.append(_ask(client._run(labkv_probe, workers=[address], on_error="raise"), timeout))
+    for name, modules in asked.items():
+        if name == "scheduler":
+            asks.append(_ask(client._run_on_scheduler(labkv_probe, modules), timeout))
+        else:
+            run = client._run(labkv_probe, modules, workers=[name], on_error="raise")
+            asks.append(_ask(run, timeout))
     answers = await asyncio.gather(*asks)
     found = {}
     for name, answer in zip(names, answers):
@@ -134,47 +164,126 @@ async def _probe_all(client: Any, workers: list[str], scheduler: bool, timeout: 
     return found
 
 
-def probe(handle: ClusterHandle, workers: list[str], scheduler: bool = True) -> dict[str, dict]:
-    """Each node's probe result: ``{'scheduler' | worker address: {...}}``."""
+def probe(
+    handle: ClusterHandle,
+    workers: list[str],
+    scheduler: bool = True,
+    modules: Mapping[str, Iterable[str]] | None = None,
+) -> dict[str, dict]:
+    """Each node's probe result: ``{'scheduler' | worker address: {...}}``;
+    ``modules``: per node, the modules to look for."""
     client = handle.client
-    timeout = CHECK_TIMEOUT_S
-    return client.sync(_probe_all, client, list(workers), scheduler, timeout)
+    names = (["scheduler"] if scheduler else []) + list(workers)
+    asked = {n: tuple((modules or {}).get(n, ())) for n in names}
+    return client.sync(_probe_all, client, asked, CHECK_TIMEOUT_S)
 
 
-def check_cluster(handle: ClusterHandle, workers: list[str]) -> None:
+def check_cluster(
+    handle: ClusterHandle,
+    workers: list[str],
+    needs: Mapping[str, str] | None = None,
+    needs_on: Collection[str] | None = None,
+    subject: str = "the rank function",
+) -> None:
     """Raise :class:`ClusterMismatchError` within seconds unless the scheduler
     and each of ``workers`` run this labkv (version and wire protocol) beside a
-    numpy of this major version; nodes that passed are not asked again."""
+    numpy of this major version, and the scheduler and each of ``needs_on``
+    (default: ``workers``) can find the modules of ``needs`` (name: why, see
+    :mod:`~labkv.cluster._runtime.needs`; ``subject`` is what needs them).
+    What passed is not asked again."""
+    needs = dict(needs or {})
+    on = set(workers if needs_on is None else needs_on) | {"scheduler"}
     checked: set[str] = handle._checked
-    todo = [w for w in workers if w not in checked]
-    ask_scheduler = "scheduler" not in checked
+    has: dict[str, set[str]] = handle._has_modules
+
+    def wanted(node: str) -> tuple[str, ...]:
+        return tuple(m for m in needs if m not in has.get(node, ())) if node in on else ()
+
+    todo = [w for w in workers if w not in checked or wanted(w)]
+    ask_scheduler = "scheduler" not in checked or bool(wanted("scheduler"))
     if not (todo or ask_scheduler):
         return
-    lines = []
-    for name, found in probe(handle, todo, ask_scheduler).items():
-        problem = found.get("unanswered") or mismatch(found)
-        if problem is None:
-            checked.add(name)
+    asked = {n: wanted(n) for n in [*todo, "scheduler"]}
+    lines: list[str] = []
+    missing: dict[str, list[str]] = {}  # module: the nodes without it
+    kinds: set[str] = set()  # what else differs: "labkv", "numpy", "unanswered"
+    for name, found in probe(handle, todo, ask_scheduler, asked).items():
+        if "unanswered" in found:
+            kinds.add("unanswered")
+            problem = found["unanswered"]
         else:
+            differs = labkv_mismatch(found)
+            kinds.update(differs)
+            if not differs:
+                checked.add(name)
+            lacks = found.get("missing", [])
+            has.setdefault(name, set()).update(set(asked[name]) - set(lacks))
+            for module in lacks:
+                missing.setdefault(module, []).append(name)
+            problem = mismatch(found, needs)
+        if problem is not None:
             who = f"scheduler {handle.address}" if name == "scheduler" else f"worker {name}"
             lines.append(f"  {who}: {problem}")
     if lines:
-        raise ClusterMismatchError(_advice(handle, lines))
+        raise ClusterMismatchError(_advice(handle, lines, missing, kinds, subject))
 
 
-def _advice(handle: ClusterHandle, lines: list[str]) -> str:
-    text = "\n".join(lines)
+def _install_line(module: str) -> str:
+    """How to get a package labkv cannot ship onto the cluster's nodes."""
+    import importlib.metadata
+
+    dists = importlib.metadata.packages_distributions().get(module, [module])
+    dist = dists[0]
+    try:  # a local version label (2.13.0+cpu) names a build, not a release on an index
+        pin = f"{dist}=={importlib.metadata.version(dist).split('+')[0]}"
+    except importlib.metadata.PackageNotFoundError:
+        pin = dist
+    line = f"install {pin} in the cluster's environment (labkv cannot ship {module}"
+    if module == "torch":
+        line += (
+            f"; on nodes without a GPU the CPU-only build: pip install {pin} "
+            "--index-url https://download.pytorch.org/whl/cpu"
+        )
+    return line + ")"
+
+
+def _ship_line(module: str, path: str) -> str:
+    """How to get a module of the user's own onto the cluster's nodes."""
+    if Path(path).is_dir():
+        return (
+            f"zip the package {module} ({path}) and ship the archive with "
+            "handle.upload_module('<archive>.zip')"
+        )
+    return f"ship {module} with handle.upload_module({path!r}) (it checks the nodes first)"
+
+
+def _advice(
+    handle: ClusterHandle,
+    lines: list[str],
+    missing: dict[str, list[str]],
+    kinds: set[str],
+    subject: str,
+) -> str:
+    from .needs import local_file
+
     fixes = []
-    if "labkv" in text:
+    for module in missing:
+        path = local_file(module)
+        fixes.append(_ship_line(module, path) if path else _install_line(module))
+    if "labkv" in kinds:
         fixes.append(
             f"ship this process's labkv there with labkv.cluster.connect({handle.address!r}, "
             f"upload=True), or install labkv=={__version__} in the cluster's environment"
         )
-    if "numpy" in text:
+    if "numpy" in kinds:
         fixes.append(f"install numpy {_major(np.__version__)}.x in the cluster's environment")
-    if "answer" in text:
+    if "unanswered" in kinds:
         fixes.append("check that those workers are alive and not busy")
-    return (
-        f"the Dask cluster at {handle.address} cannot run this labkv {__version__} "
-        f"(protocol {PROTOCOL}, numpy {np.__version__}):\n{text}\nTo fix: " + "; ".join(fixes)
-    )
+    if kinds - {"unanswered"} or not missing:
+        head = (
+            f"the Dask cluster at {handle.address} cannot run this labkv {__version__} "
+            f"(protocol {PROTOCOL}, numpy {np.__version__})"
+        )
+    else:
+        head = f"the Dask cluster at {handle.address} lacks what {subject} needs"
+    return f"{head}:\n" + "\n".join(lines) + "\nTo fix: " + "; ".join(fixes)

@@ -45,6 +45,8 @@ class ClusterHandle:
         self._closed = False
         # Nodes that passed labkv's check ('scheduler' and worker addresses; see _compat).
         self._checked: set[str] = set()
+        # The modules each node has (looked up for a run or an upload; see _compat).
+        self._has_modules: dict[str, set[str]] = {}
         _handles[id(client)] = self
 
     @property
@@ -84,6 +86,33 @@ class ClusterHandle:
         from .compat import check_cluster
 
         check_cluster(self, self.workers())
+
+    def upload_module(self, path: str | os.PathLike) -> None:
+        """Ship a module of your own (a ``.py`` file, or a ``.zip``/``.egg``
+        archive of packages) to the scheduler and every worker, those that join
+        later included, and import it there, as Dask's ``client.upload_file``
+        does, after checking that every node has what it imports (torch for a
+        torch model): a node without it fails here, within seconds, in a
+        ``ClusterMismatchError`` with one line per node and what to install,
+        and nothing is uploaded (``client.upload_file`` would fail on the
+        scheduler's import and leave a plugin that fails on every worker).
+        Uploading the same file name again replaces the earlier upload.
+
+        >>> handle.upload_module("mlp.py")  # doctest: +SKIP
+        """
+        from .compat import check_cluster
+        from .upload import upload_module
+
+        path = os.fspath(path)
+        if not os.path.isfile(path) or not path.endswith((".py", ".zip", ".egg")):
+            raise ValueError(
+                f"upload_module ships a .py file or a .zip/.egg archive; {path!r} is not one"
+            )
+        from .needs import file_needs
+
+        name = os.path.basename(path)
+        check_cluster(self, self.workers(), file_needs(path), subject=name)
+        upload_module(self.client, path)
 
     def close(self) -> None:
         """Close the client and, if this handle started it, the cluster (idempotent)."""
@@ -146,7 +175,9 @@ def connect(
     **kw: Any,
 ) -> ClusterHandle:
     """Start an embedded ``LocalCluster`` (``address=None``) or attach to a
-    running scheduler (``'tcp://...'``, or ``'tls://...'`` with ``security``).
+    running scheduler (``'tcp://...'``, or ``'tls://...'`` with ``security``: a
+    ``distributed.Security`` with the cluster's CA and a certificate it trusts,
+    refused at once without one).
 
     Embedded: worker processes on 127.0.0.1, one thread each (ranks run one per
     worker; servers are actors on the workers' event loops and need no thread),
@@ -167,8 +198,9 @@ def connect(
     process's labkv to the scheduler and to every worker, those that join later
     included, unless all of them already have it, and raises if a node still
     differs (a numpy of another major version cannot be shipped); your own
-    modules travel with
-    ``handle.client.upload_file("mymodule.py")`` (scheduler and workers too).
+    modules travel with :meth:`ClusterHandle.upload_module` (scheduler and
+    workers too, after checking that they have what the module imports: torch
+    cannot be shipped).
 
     >>> with connect(n_workers=2) as handle:  # doctest: +SKIP
     ...     len(handle.workers())
@@ -177,6 +209,8 @@ def connect(
     """
     if upload and address is None:
         raise ValueError("upload=True ships labkv to an attached cluster; the embedded one has it")
+    if address is not None:
+        _check_tls(address, security)
     cluster = None
     # The client talks to server actors directly (bulk data never goes through
     # the scheduler): without direct_to_workers a client's actor calls are
@@ -229,6 +263,28 @@ def connect(
             handle.close()
             raise
     return handle
+
+
+def _check_tls(address: str, security: Security | None) -> None:
+    """Refuse a ``tls://`` address with no certificates, from ``security`` or
+    from Dask's config (``distributed.comm.tls``), before Dask's own TypeError
+    about an ``ssl_context``.
+
+    >>> _check_tls("tls://10.0.0.5:8786", None)
+    Traceback (most recent call last):
+    ...
+    TypeError: tls://10.0.0.5:8786 is a TLS scheduler: pass security=distributed.Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=..., require_encryption=True) with the cluster's CA and a certificate it trusts (or set them in Dask's config, distributed.comm.tls)
+    """
+    if not str(address).startswith("tls://"):
+        return
+    configured = security if security is not None else Security()  # Dask's config
+    if configured.get_connection_args("client").get("ssl_context") is None:
+        raise TypeError(
+            f"{address} is a TLS scheduler: pass security=distributed.Security("
+            "tls_ca_file=..., tls_client_cert=..., tls_client_key=..., require_encryption=True) "
+            "with the cluster's CA and a certificate it trusts (or set them in Dask's config, "
+            "distributed.comm.tls)"
+        )
 
 
 def ship_labkv(handle: ClusterHandle) -> None:

@@ -9,7 +9,7 @@ hands the rank to :class:`Replacer`, which
    the servers' waits (the rounds it holds up wait for its replacement rather
    than time out); the servers answer where the rank resumes;
 2. refuses to go on when the rank was lost more than ``max_restarts`` times,
-   or when a replacement of it was lost twice at the step it resumed at (a
+   or three times at the same step (itself, then its replacement twice: a
    step that kills its worker every time is a crash, not a lost worker);
 3. starts the rank's next incarnation on a worker that runs no rank (a spare,
    or the lost worker once its nanny has restarted it, which joins under a new

@@ -46,6 +46,7 @@ from .connect import ClusterHandle, default_handle
 from .elastic import Replacer, check_on_rank_loss, check_shrink
 from .launch import check_cluster_args, start_servers
 from .links import new_store
+from .needs import modules_needed
 from .watch import _POLL_S, _stop_ranks, _watch
 
 # A call onto the rank's own worker loop (never waits on another process).
@@ -156,7 +157,10 @@ def run(
     wait until the run is over). ``cluster`` defaults to the cluster this
     process attached to (see :func:`labkv.cluster.default_handle`), an
     embedded one only when there is none; its scheduler and workers are
-    checked first, as ``labkv.create`` checks them. ``num_workers`` defaults to all
+    checked first, as ``labkv.create`` checks them, and so is what ``fn``
+    imports (torch for a torch model: the scheduler and every worker that may
+    run a rank must have it; a node without it fails the run within seconds,
+    named, before anything starts). ``num_workers`` defaults to all
     the cluster's workers; asking for more fails at once. ``timeout`` bounds
     every wait of the ranks (rounds, init, barrier); ``bigarray_bound`` is the
     size from which values are sliced across servers; ``server_device`` where
@@ -178,8 +182,9 @@ def run(
     its rank was lost in, and a dist_sync run ends bit-identical to an
     undisturbed one (what each store type guarantees is in
     ``docs/cluster.md``; a replayed step that pushed other bits than the lost
-    incarnation's is a ``RuntimeWarning`` when the run ends). A rank lost twice at the same step fails the run (a
-    step that kills its worker is a crash). ``"shrink"`` (dist_async and
+    incarnation's is a ``RuntimeWarning`` when the run ends). A rank lost three
+    times at the same step (itself, then its replacement twice) fails the run (a
+    step that kills its worker every time is a crash). ``"shrink"`` (dist_async and
     dist_ssp only) goes on without the lost rank: its result is None, the
     barriers and dist_ssp pulls stop waiting for it, and the rest of its
     partition is not trained on (each remaining push is still applied as it
@@ -244,7 +249,12 @@ def run(
             f"run needs {num_workers} Dask workers (one per rank); the cluster has "
             f"{len(workers)}: {workers}{hint}"
         )
-    check_cluster(handle, workers)
+    # The modules fn needs (torch for a torch model): on the scheduler, which
+    # unpickles the ranks' tasks, and on every worker that may run a rank.
+    needs = modules_needed(fn, tuple(args), kwargs)
+    rank_nodes = workers if on_rank_loss == "replace" else workers[:num_workers]
+    name = getattr(fn, "__name__", type(fn).__name__)
+    check_cluster(handle, workers, needs, rank_nodes, subject=f"the rank function {name}")
     client = handle.client
     group = f"labkv-barrier-{uuid.uuid4().hex[:8]}"
     futures_to_release = None
@@ -255,19 +265,23 @@ def run(
         kvstore.configure_ranks(num_workers)
     else:
         num_servers = num_servers or num_workers
-        futures_to_release, servers, spec = start_servers(
-            handle,
-            kind,
-            num_servers,
-            num_workers,
-            timeout,
-            workers,
-            server_device,
-            bigarray_bound,
-            name=kvstore.lower(),
-            staleness=staleness,
-            replicas=replicas,
-        )
+        try:
+            futures_to_release, servers, spec = start_servers(
+                handle,
+                kind,
+                num_servers,
+                num_workers,
+                timeout,
+                workers,
+                server_device,
+                bigarray_bound,
+                name=kvstore.lower(),
+                staleness=staleness,
+                replicas=replicas,
+            )
+        except Exception:  # Dask's "futures cancelled": a lost scheduler explains it best
+            raise_if_scheduler_gone(client)
+            raise
     hold = replace_timeout if on_rank_loss == "replace" else 0.0
     # this run's own barrier group; its ranks wait for a replacement as the servers do
     spec = dataclasses.replace(spec, group=group, seed=int(seed), replace_hold=hold)

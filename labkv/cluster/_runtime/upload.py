@@ -1,4 +1,5 @@
-"""Shipping this process's labkv to a cluster: ``connect(address, upload=True)``.
+"""Shipping this process's labkv to a cluster: ``connect(address, upload=True)``;
+and a user's module: ``handle.upload_module(path)``.
 
 labkv is pure Python, so it travels as one zip archive of its package, which
 Python imports from ``sys.path``. Dask's upload plugins put the archive on the
@@ -82,3 +83,13 @@ def upload_labkv(client: Any) -> None:
         client.run(_forget)
         client.register_plugin(SchedulerUploadFile(path, load=True), name=PLUGIN_NAME)
         client.register_plugin(UploadFile(path, load=True), name=PLUGIN_NAME)
+
+
+def upload_module(client: Any, path: str) -> None:
+    """Put a user's module file on the scheduler, then on every worker (and
+    those that join later), importing it there; one plugin name per file name,
+    so that uploading it again replaces the earlier upload. The scheduler goes
+    first: a module it cannot import leaves no worker plugin behind."""
+    name = f"labkv-module-{Path(path).name}"
+    client.register_plugin(SchedulerUploadFile(path, load=True), name=name)
+    client.register_plugin(UploadFile(path, load=True), name=name)
