@@ -132,3 +132,20 @@ def test_silent_streams_are_capped_and_closed_and_a_store_works_meanwhile(handle
         client.run(_set_limits, _stream.MAX_WAITING_STREAMS, _stream.FIRST_CALL_TIMEOUT_S)
         peers.close()
         kv.close()
+
+
+def test_a_bad_stream_limit_fails_the_servers_start_naming_it(handle):
+    from labkv.cluster import ClusterError
+
+    handle.client.run(_set_limits, 0, _stream.FIRST_CALL_TIMEOUT_S)
+    try:
+        with pytest.raises(ClusterError, match="labkv.stream-max-waiting must be a positive int"):
+            labkv.create("dist_sync", cluster=handle, num_servers=1, timeout=60)
+    finally:
+        handle.client.run(_set_limits, _stream.MAX_WAITING_STREAMS, _stream.FIRST_CALL_TIMEOUT_S)
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=1, timeout=60)
+    try:
+        kv.init("w", np.zeros(3, np.float32))
+        _works(kv, 1)
+    finally:
+        kv.close()

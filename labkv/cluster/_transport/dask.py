@@ -309,8 +309,7 @@ def reaches(client: Any, address: str, actor_key: str) -> bool:
     async def attempt() -> bool:
         stream = _stream.stream_to(address, client.connection_args)
         if stream.reachable is None:
-            try:
-                await stream.open(timeout=REACH_TIMEOUT_S)
+            try:  # the connect, the hello's answer and the call, within the bound
                 await asyncio.wait_for(
                     stream.call(actor_key, "keys", [[]]), timeout=REACH_TIMEOUT_S
                 )

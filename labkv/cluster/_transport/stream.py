@@ -73,7 +73,10 @@ READY = "ready"
 
 # -- the worker's end --------------------------------------------------------------------
 def install(worker: Any) -> None:
-    """Make ``worker`` answer :data:`HANDLER` (once per worker process)."""
+    """Make ``worker`` answer :data:`HANDLER` (once per worker process); a
+    bad :func:`stream_limits` setting fails here, when a server starts, rather
+    than at each hello."""
+    stream_limits()
     if HANDLER not in worker.handlers:
         worker.handlers[HANDLER] = _Service(worker).serve
 
@@ -273,10 +276,14 @@ class Stream:
                     self.address, timeout=timeout, name="labkv stream", **self.connection_args
                 )
                 framing = _framing.framing_of(comm)
-                await comm.write({"op": HANDLER, "reply": False, "framing": framing})
-                # on the socket, nothing more is written before the worker is ready
-                if framing == "socket" and await comm.read() != READY:
-                    raise OSError(f"the worker at {self.address} did not take the stream")
+                try:
+                    await comm.write({"op": HANDLER, "reply": False, "framing": framing})
+                    # on the socket, nothing more is written before the worker is ready
+                    if framing == "socket" and await comm.read() != READY:
+                        raise OSError(f"the worker at {self.address} did not take the stream")
+                except BaseException:  # a refused hello, or a caller that gave up waiting
+                    comm.abort()
+                    raise
                 wire = _framing.wire(comm, framing)
                 deliver, closed = _replies(self.pending, self.address)
                 wire.start(deliver, closed, self.readers)
