@@ -124,6 +124,7 @@ def _temporaries(path) -> list[str]:
     return sorted(p.name for p in path.parent.iterdir() if pattern.fullmatch(p.name))
 
 
+@pytest.mark.slow
 def test_the_temporaries_of_killed_saves_are_removed_by_the_next_save(tmp_path):
     path = tmp_path / "states"
     _good_checkpoint(path)
