@@ -10,6 +10,9 @@ wrong, never numpy's hint to load with ``allow_pickle``. The file is written to 
 atomically: into a temporary file in the same folder, flushed to disk, then
 renamed over the name. A save that fails (a full disk) or is killed leaves the
 previous file exactly as it was, so the last good checkpoint is never lost.
+A killed save leaves its temporary (``.<name>.<hex>.tmp``) behind; the next
+save of the same name removes it (never a live save's: see
+:func:`remove_stale_temporaries`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import uuid
 import zipfile
 from pathlib import Path
@@ -25,6 +29,11 @@ from typing import Any
 import numpy as np
 
 from .devices import is_cupy
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: stale temporaries are kept
+    fcntl = None  # type: ignore[assignment]
 
 FORMAT = "labkv-optimizer-states/1"
 _META = "__meta__"
@@ -56,6 +65,8 @@ def save(path: str | os.PathLike, meta: dict[str, Any], arrays: dict[str, Any]) 
 def atomic_write(path: str | os.PathLike) -> Any:
     """A binary file that replaces ``path`` only once it is wholly written
     and on disk; on an error ``path`` is left as it was (see module doc).
+    The temporaries of earlier saves of ``path`` that were killed midway are
+    removed first (:func:`remove_stale_temporaries`).
 
     >>> import tempfile, pathlib
     >>> target = pathlib.Path(tempfile.mkdtemp()) / "states"
@@ -65,11 +76,10 @@ def atomic_write(path: str | os.PathLike) -> Any:
     b'new'
     """
     target = Path(path)
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
-    # 0o666 as open() uses: the kernel applies the umask, as for a plain save.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    remove_stale_temporaries(target)
+    tmp, fd = _locked_temporary(target)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb", closefd=False) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -80,12 +90,89 @@ def atomic_write(path: str | os.PathLike) -> Any:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(fd)  # releases the lock, after the rename
     with contextlib.suppress(OSError):  # the rename itself on disk (not on every filesystem)
         dir_fd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+# A save's temporary is ".<name>.<12 hex digits>.tmp", beside the file, and
+# locked (flock) by its writer from creation to rename. Why a lock, not a pid
+# or an age in the name: the kernel drops a lock when its holder dies, even by
+# SIGKILL, and only then; a pid can be reused or belong to another host (a
+# checkpoint folder shared over NFS, a container's pid namespace), and an age
+# cannot tell a slow save of a big checkpoint from a dead one.
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}\.tmp")
+
+
+def _locked_temporary(target: Path) -> tuple[Path, int]:
+    """A new temporary of ``target``, created and locked: its path and fd."""
+    while True:
+        tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
+        # 0o666 as open() uses: the kernel applies the umask, as for a plain save.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        if fcntl is None:
+            return tmp, fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # Between the create and the lock another save may have taken the
+            # file for a dead one's and removed it: then start again.
+            if os.fstat(fd).st_nlink > 0:
+                return tmp, fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries that saves of ``path`` left when they were
+    killed (their writer's lock is gone); the removed paths. A temporary that a
+    live save, in any process, is writing is locked and kept, as is every
+    other file. Without ``fcntl`` (Windows) nothing is removed.
+
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / ".states.0123456789ab.tmp").write_bytes(b"killed")
+    >>> _ = (folder / ".states.mine.tmp").write_bytes(b"not a save's")
+    >>> [p.name for p in remove_stale_temporaries(folder / "states")]
+    ['.states.0123456789ab.tmp']
+    >>> sorted(p.name for p in folder.iterdir())
+    ['.states.mine.tmp']
+    """
+    target = Path(path)
+    if fcntl is None:
+        return []
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return []  # the save itself reports a missing folder
+    removed = []
+    for name in names:
+        match = _TEMPORARY.fullmatch(name)
+        if match is None or match["name"] != target.name:
+            continue
+        stale = target.parent / name
+        try:
+            # Read-write: over NFS an exclusive flock needs a file open for writing.
+            fd = os.open(stale, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue  # renamed or removed meanwhile, or not ours to open
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # Still the file we locked (not renamed over by its finished save)?
+            if os.path.samestat(os.fstat(fd), os.stat(stale, follow_symlinks=False)):
+                os.unlink(stale)
+                removed.append(stale)
+        except OSError:
+            pass  # locked: a live save's; or gone meanwhile
+        finally:
+            os.close(fd)
+    return removed
 
 
 #: The largest metadata member read (its JSON: keys, counts, optimizer settings).

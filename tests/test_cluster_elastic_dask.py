@@ -527,7 +527,7 @@ def test_ctrl_c_while_a_rank_is_replaced_stops_every_incarnation(tmp_path):
                 )
         finally:
             killer.join()
-        assert time.monotonic() - sent[0] < 10  # stopped at once (the lost worker not asked)
+        assert time.monotonic() - sent[0] < 20  # not after the store's 20 s timeout
         stopped = kv.peek("w")
         assert stopped[0] > 0
         time.sleep(1.5)
@@ -536,7 +536,7 @@ def test_ctrl_c_while_a_rank_is_replaced_stops_every_incarnation(tmp_path):
         start = time.monotonic()
         for value in run(_push_once_more, num_workers=2, kvstore=kv):
             np.testing.assert_array_equal(value, stopped + 2)
-        assert time.monotonic() - start < 15
+        assert time.monotonic() - start < 20  # not after the store's 20 s timeout
     finally:
         kv.close()
         handle.close()

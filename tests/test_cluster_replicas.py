@@ -583,7 +583,7 @@ def test_a_barrier_whose_primary_dies_after_answering_one_rank_releases_the_othe
             return time.monotonic() - start
 
         _, took = in_threads(first, last)
-        assert took < 2.0  # no wait for a timeout
+        assert took < 3.0  # not after the 3 s timeout
         assert c.group.servers_by_name(0)[0].primary  # the backup took over
         assert rank1._links[0].generation == 1
 

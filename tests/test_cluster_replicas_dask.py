@@ -112,7 +112,8 @@ def test_losing_every_replica_gives_the_lost_error_within_seconds(handle3):
             for _ in range(100):
                 kv.push(0, np.ones(2))
                 kv.pull(0)
-        assert time.monotonic() - start < 15
+        # the loss, not the store's 30 s timeout (how soon: bench/error_times.py)
+        assert time.monotonic() - start < 30
     finally:
         kv.close()
 
@@ -317,7 +318,7 @@ def test_pushes_in_flight_to_a_killed_primary_are_not_waited_for_on_two_workers(
         for _ in range(3):  # it failed in about half of the runs
             started = time.monotonic()
             np.testing.assert_array_equal(_push_only(handle, kill_at=8), undisturbed)
-            assert time.monotonic() - started < 15
+            assert time.monotonic() - started < 20  # not after the store's 20 s timeout
     finally:
         handle.close()
 

@@ -146,12 +146,36 @@ def _slow_rank_1(kv, staleness):
     return waited
 
 
-def test_the_fast_rank_waits_for_the_slow_one_only_beyond_the_bound(handle):
+def _rank_1_pushes_once_rank_0_is_done(kv, marker):
+    """Rank 0 pushes and pulls 3 times, then says so (``marker``); only then does
+    rank 1 push: a pull of rank 0 that waited for rank 1 would never return."""
+    import pathlib
+
+    kv.init("w", np.zeros(2))
+    kv.barrier()
+    if kv.rank == 0:
+        for _ in range(3):
+            kv.push("w", np.ones(2))
+            kv.pull("w")
+        pathlib.Path(marker).touch()
+    else:
+        deadline = time.monotonic() + 60  # only stops a hang: rank 0 waited
+        while not pathlib.Path(marker).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for _ in range(3):
+            kv.push("w", np.ones(2))
+    kv.barrier()
+    return pathlib.Path(marker).exists()
+
+
+def test_the_fast_rank_waits_for_the_slow_one_only_beyond_the_bound(handle, tmp_path):
     common = dict(num_workers=2, kvstore="dist_ssp", cluster=handle, timeout=20)
     fast, _ = run(_slow_rank_1, staleness=0, args=(0,), **common)
-    assert min(fast) > 0.15  # every pull of rank 0 waited for rank 1's push
-    fast, _ = run(_slow_rank_1, staleness=3, args=(3,), **common)
-    assert max(fast) < 0.15  # never 3 rounds ahead: no wait
+    assert min(fast) > 0.15  # every pull of rank 0 waited for rank 1's push (0.3 s late)
+    # never 3 rounds ahead: rank 0's 3 pulls return before rank 1 has pushed at all
+    marker = str(tmp_path / "rank 0 done")
+    done = run(_rank_1_pushes_once_rank_0_is_done, staleness=3, args=(marker,), **common)
+    assert done == [True, True]
 
 
 def _rank_1_stops(kv):

@@ -199,7 +199,7 @@ def test_the_worker_end_calls_only_a_servers_remote_methods(handle):
 
 
 def test_a_notebook_that_cannot_reach_a_worker_calls_its_servers_as_actors(handle, monkeypatch):
-    monkeypatch.setattr(_dask, "reaches", lambda client, address: False)
+    monkeypatch.setattr(_dask, "reaches", lambda client, address, actor_key: False)
     kv = labkv.create("dist_sync", cluster=handle, num_servers=2, timeout=20)
     try:
         assert all(type(link) is _dask.ActorLink for link in kv._links)
@@ -223,8 +223,8 @@ def test_the_actor_path_is_chosen_by_config_and_a_bad_setting_is_refused(handle)
 
 def test_reaching_an_address_nobody_listens_on_fails_fast_and_is_remembered(handle):
     address = "tcp://127.0.0.1:9"  # the discard port: refused at once
-    assert _dask.reaches(handle.client, address) is False
-    assert _dask.reaches(handle.client, address) is False
+    assert _dask.reaches(handle.client, address, "labkv-server-none") is False
+    assert _dask.reaches(handle.client, address, "labkv-server-none") is False
 
 
 def _listening_ports(dask_worker):

@@ -1,7 +1,9 @@
 """A rank's ``init`` on the servers: the owner's (rank 0, or the notebook when it
 shares its store with a run) sends every key's pieces; any other rank waits
 until the owner's keys exist where it placed them, and checks that the owner
-gave the same shapes, dtypes and ids (:func:`~.split.check_same_init`)."""
+gave the same shapes, dtypes and ids (:func:`~.split.check_same_init`). Rank 0
+of a run on the notebook's store sends the keys the notebook has not
+initialised and checks the others (:func:`heir_init`)."""
 
 from __future__ import annotations
 
@@ -36,9 +38,11 @@ def send_init(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
 
 
 def heir_init(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
-    """The init of the owner's replacement (rank 0 replaced mid-run, replaying
-    its function): the keys its lost incarnation initialised are checked as a
-    non-owner's are, the others initialised as the owner's."""
+    """The init of a rank that initialises only the keys not there yet: the
+    owner's replacement (rank 0 replaced mid-run, replaying its function; its
+    lost incarnation's keys are there) and rank 0 of a run on the notebook's
+    store (the notebook's are). The keys there are checked as a non-owner's
+    are, the others initialised as the owner's."""
     found: dict[Any, Any] = {}
     for metas in calls.all("keys", [k for k, _ in items]):
         found.update(metas)
@@ -93,3 +97,18 @@ def _mismatch(calls: Calls, keys: list, items: Items, ids: dict) -> ValueError |
     except ClusterError:
         pass  # the servers cannot say: the timeout stands
     return None
+
+
+def uninitialised(key: Any, rank: int) -> str:
+    """The error of a rank of a run that uses ``key`` before any init of it
+    reached the servers.
+
+    >>> print(uninitialised("w", 1))
+    rank 1 uses key 'w', which is not initialised on the servers yet: call kv.init('w', value) on every rank (rank 0's value is used; on the notebook's store, the notebook's when it initialised the key before run), or only on rank 0 followed by kv.barrier() on every rank before the key is used
+    """
+    return (
+        f"rank {rank} uses key {key!r}, which is not initialised on the servers yet: "
+        f"call kv.init({key!r}, value) on every rank (rank 0's value is used; on the "
+        "notebook's store, the notebook's when it initialised the key before run), or only "
+        "on rank 0 followed by kv.barrier() on every rank before the key is used"
+    )

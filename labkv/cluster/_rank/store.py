@@ -12,7 +12,10 @@ Choices made here, and why:
 - **Only the store's owner (rank 0, or the notebook sharing its store with a run)
   initialises keys; every rank ships its updater or optimizer**, saying whether it
   is the owner (rules: :mod:`labkv.cluster._server.control`), as in MXNet. Other
-  ranks' ``init`` waits until the owner's keys exist, and checks them.
+  ranks' ``init`` waits until the owner's keys exist, and checks them. In a run
+  on the notebook's store, rank 0 initialises the keys the notebook has not
+  (``inits_new_keys``), so that a function written for a run with its own
+  servers (``if kv.rank == 0: kv.init(...)``) gives the same values on both.
 - **``str`` keys are numbered in init order** (:class:`._placement.KeyIds`), MXNet's
   rule; the owner's number travels with its init (a rank that differs is told).
 - **Calls inside ``kv.steps`` carry the step** (:mod:`.steps`): a lost rank is replaced.
@@ -41,7 +44,7 @@ from .._transport.base import ServerLink
 from . import split as messages
 from .calls import ACK_ABOVE, Calls
 from .failover import ReplicatedLink
-from .keys import heir_init, send_init, wait_for_owner
+from .keys import heir_init, send_init, uninitialised, wait_for_owner
 from .settings import Settings
 from .steps import Step, StepCounter, resume_step
 from .streaming import Streaming
@@ -72,6 +75,7 @@ class DistStore(KVStore):
         *,
         links: list[ServerLink],
         owner: bool = True,
+        inits_new_keys: bool = False,
         handle: Any = None,
         release: Callable[[], None] | None = None,
         on_replica_lost: Callable[[DistStore, ReplicatedLink, str | None], None] | None = None,
@@ -81,6 +85,7 @@ class DistStore(KVStore):
         self._id = spec.store_id
         self._spec, self._servers = spec, list(servers)
         self._rank, self._num_workers, self._owner = rank, num_workers, owner
+        self._inits_new_keys = inits_new_keys
         self._handle, self._release = handle, release
         self._links, self._on_replica_lost = links, on_replica_lost
         # A waited-for push that timed out: the next push, if the same, is its retry (_push_impl).
@@ -264,6 +269,10 @@ class DistStore(KVStore):
                 for k, meta in found.items():
                     if k not in self._meta:
                         self._learn(k, meta)
+        if self._handle is None:  # a rank of a run: say which, and who initialises
+            for key in keys:
+                if key not in self._meta:
+                    raise KeyError(uninitialised(key, self._rank))
         super()._check_known(keys)
 
     def _init_impl(self, items: list[tuple[Key, Any]]) -> None:
@@ -271,7 +280,9 @@ class DistStore(KVStore):
         ids = dict(zip(keys, self._ids.proposed(keys), strict=True))
         placed = {k: self._place(ids[k], tuple(a.shape), is_row_sparse(a)) for k, a in items}
         self._settings.check_updater(self._updater, placed)
-        if self._owner and self._incarnation:  # a replacement: its lost one's keys are there
+        if (self._owner and self._incarnation) or self._inits_new_keys:
+            # a replacement (its lost one's keys are there), or rank 0 on the
+            # notebook's store (the notebook's are): those checked, the others sent
             heir_init(self._calls, items, ids, placed)
         elif self._owner:
             send_init(self._calls, items, ids, placed)

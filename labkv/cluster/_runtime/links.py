@@ -126,6 +126,7 @@ def new_store(
     num_workers: int = 1,
     *,
     owner: bool = True,
+    inits_new_keys: bool = False,
     handle: Any = None,
     release: Callable[[], None] | None = None,
     replica_actors: list[Any] | None = None,
@@ -133,7 +134,8 @@ def new_store(
 ) -> DistStore:
     """A :class:`DistStore` on the servers of ``spec``, with its links; the
     notebook's (``handle``) re-seeds the replicas its links lose, and its
-    ``release`` stops those too; ``incarnation``: a rank's replacement's number."""
+    ``release`` stops those too; ``incarnation``: a rank's replacement's number;
+    ``inits_new_keys``: rank 0 of a run on the notebook's store."""
     reseeded: list[Any] = []  # futures of replicas started after a failover
 
     def lost(store: DistStore, link: ReplicatedLink, old: str | None) -> None:
@@ -150,6 +152,7 @@ def new_store(
         num_workers,
         links=store_links(spec, servers, handle, replica_actors),
         owner=owner,
+        inits_new_keys=inits_new_keys,
         handle=handle,
         release=None if release is None else release_all,
         on_replica_lost=lost,

@@ -64,13 +64,23 @@ def _rank_main(
     kwargs: dict,
     detail: tuple[float, int] | None = None,
     incarnation: int = 0,
+    inits_new_keys: bool = False,
 ) -> Any:
     """The task of one rank (its ``incarnation``-th replacement, 0: the first):
     build its store, run ``fn``, wait for its pushes. With ``detail`` (the
     notebook's subscribers' ``(detail_interval, detail_burst)``), the rank's
-    events go to the store's topic meanwhile."""
+    events go to the store's topic meanwhile; ``inits_new_keys``: rank 0 of a
+    run on the notebook's store (it initialises the keys the notebook has not)."""
     _quiet_rank_failures()
-    kv = new_store(spec, servers, rank, num_workers, owner=owner, incarnation=incarnation)
+    kv = new_store(
+        spec,
+        servers,
+        rank,
+        num_workers,
+        owner=owner,
+        inits_new_keys=inits_new_keys,
+        incarnation=incarnation,
+    )
     stop_stream = _stream_events(kv, *detail) if detail is not None else None
     try:
         result = fn(kv, *args, **kwargs)
@@ -153,8 +163,14 @@ def run(
     of them, default ``num_workers``, and released after it) or a store made
     in this process with ``labkv.create`` (its servers are shared: the notebook
     watches the ranks' keys, and a monitor of that store sees the servers' and
-    the ranks' events; it owns init and the optimizer, and its own pushes should
-    wait until the run is over). ``cluster`` defaults to the cluster this
+    the ranks' events; it owns the optimizer and the keys it initialised before
+    the run, and its own pushes should wait until the run is over). On a
+    shared store, rank 0 initialises (with its values) every key the notebook
+    did not, as in a run with its own servers, so that ``if kv.rank == 0:
+    kv.init(...)`` followed by ``kv.barrier()`` works on both kinds of run:
+    rank 0's values, not the first init to arrive, so that both start from the
+    same values whichever rank comes first (docs/cluster.md). A rank that uses
+    a key no init has reached is refused at once, naming the rank and the fix. ``cluster`` defaults to the cluster this
     process attached to (see :func:`labkv.cluster.default_handle`), an
     embedded one only when there is none; its scheduler and workers are
     checked first, as ``labkv.create`` checks them, and so is what ``fn``
@@ -306,6 +322,7 @@ def run(
             kwargs,
             detail,
             incarnation,
+            shared and rank == 0,
             key=f"{_RANK_KEY}{group}-{rank}{again}",
             workers=[worker],
             allow_other_workers=False,

@@ -294,21 +294,25 @@ def notebook_link(sid: int, address: str, actor: Any, client: Any) -> ServerLink
     at ``address``): on a stream from the client's loop when this process can
     open one to the worker, else through the actor handle (calls the scheduler
     relays). The one place the two are chosen."""
-    if _transport_setting() == "actor" or not reaches(client, address):
+    if _transport_setting() == "actor" or not reaches(client, address, actor.key):
         return ActorLink(sid, address, actor)
     loop = _asyncio_loop(client.loop)
     return StreamLink(sid, address, actor.key, loop, client.connection_args, actor, client)
 
 
-def reaches(client: Any, address: str) -> bool:
+def reaches(client: Any, address: str, actor_key: str) -> bool:
     """Whether this process can open a stream to the worker at ``address``
-    (tried once per client loop and worker, within :data:`REACH_TIMEOUT_S`)."""
+    (tried once per client loop and worker, within :data:`REACH_TIMEOUT_S`),
+    with a call to the server ``actor_key`` there: a stream that has served
+    a call is not closed as a silent one (see :mod:`.stream`)."""
 
     async def attempt() -> bool:
         stream = _stream.stream_to(address, client.connection_args)
         if stream.reachable is None:
-            try:
-                await stream.open(timeout=REACH_TIMEOUT_S)
+            try:  # the connect, the hello's answer and the call, within the bound
+                await asyncio.wait_for(
+                    stream.call(actor_key, "keys", [[]]), timeout=REACH_TIMEOUT_S
+                )
                 stream.reachable = True
             except (OSError, asyncio.TimeoutError):
                 stream.reachable = False

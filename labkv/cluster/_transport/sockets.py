@@ -100,7 +100,9 @@ class SocketFrames:
         self.fd = self.sock.fileno()
         self.outbox: collections.deque[memoryview] = collections.deque()  # not yet written
         self.inbox = bytearray()  # read, not yet a whole message's head and body
-        self.scratch = memoryview(bytearray(READ_CHUNK))
+        # what a read takes (READ_CHUNK bytes), made at the first read: a stream
+        # that never sends holds none of it
+        self.scratch: memoryview | None = None
         # (seq, kind, body, sizes, buffers) of a message while its buffers arrive
         self.message: tuple | None = None
         # a big buffer being read in place, and its bytes so far
@@ -214,9 +216,12 @@ class SocketFrames:
             if got:
                 self._filled(array, filled + got)
         else:
-            got = self._recv_into(self.scratch)
+            scratch = self.scratch
+            if scratch is None:
+                scratch = self.scratch = memoryview(bytearray(READ_CHUNK))
+            got = self._recv_into(scratch)
             if got:
-                self.inbox += self.scratch[:got]
+                self.inbox += scratch[:got]
                 self._parse()
         return got
 
@@ -283,6 +288,9 @@ class SocketFrames:
             self.loop.remove_writer(self.fd)
             self.sock.close()
             self.outbox.clear()
+            # the buffers now, not at the cyclic GC that frees this wire (the comm's
+            # close callback and this object refer to each other)
+            self.scratch, self.inbox, self.message, self.filling = None, bytearray(), None, None
         self.comm.abort()
         if self.on_closed is not None:
             self.on_closed(error)

@@ -29,6 +29,12 @@ connection, under its TLS and authentication.
 The worker end runs each request as its own task (a pull may wait for other
 ranks' pushes while later calls are answered), and only names of the server's
 remote methods (:data:`~labkv.cluster._protocol.methods.METHODS`) are called.
+A stream that has not yet served a call (to a server on the worker) is only
+a hello so far: a worker keeps at most :func:`stream_limits`' first number of
+them (the oldest is closed to make room: a real caller sends its first call
+right after the hello, so a silent one is the likeliest not to be one) and
+closes each that serves none within the second (seconds). So peers that send
+the hello and stay silent cannot pin the worker's fds and memory.
 A stream that breaks fails its calls in flight with ``OSError`` (the caller
 then asks whether the server is lost); the next call opens a new comm.
 """
@@ -49,6 +55,9 @@ from .framing import Wire
 
 #: The worker handler at the far end of every stream.
 HANDLER = "labkv_stream"
+#: Defaults of :func:`stream_limits` (Dask config keys below).
+MAX_WAITING_STREAMS = 64
+FIRST_CALL_TIMEOUT_S = 30.0
 
 
 class ServerGone(OSError):
@@ -64,7 +73,10 @@ READY = "ready"
 
 # -- the worker's end --------------------------------------------------------------------
 def install(worker: Any) -> None:
-    """Make ``worker`` answer :data:`HANDLER` (once per worker process)."""
+    """Make ``worker`` answer :data:`HANDLER` (once per worker process); a
+    bad :func:`stream_limits` setting fails here, when a server starts, rather
+    than at each hello."""
+    stream_limits()
     if HANDLER not in worker.handlers:
         worker.handlers[HANDLER] = _Service(worker).serve
 
@@ -75,6 +87,45 @@ def calls_served(dask_worker: Any) -> int:
     handler = dask_worker.handlers.get(HANDLER)
     service = getattr(handler, "__self__", None)
     return service.served if isinstance(service, _Service) else 0
+
+
+def stream_limits() -> tuple[int, float]:
+    """The worker's limits on streams that have not yet served a call: how
+    many may be open at once, and for how many seconds each may stay so. Dask
+    config ``labkv.stream-max-waiting`` (default 64) and
+    ``labkv.stream-first-call-timeout`` (default 30 s; seconds or a duration
+    string such as ``"2 minutes"``), read at each hello on the worker.
+
+    >>> import dask
+    >>> with dask.config.set({"labkv.stream-max-waiting": 8,
+    ...                       "labkv.stream-first-call-timeout": "2s"}):
+    ...     stream_limits()
+    (8, 2.0)
+    >>> with dask.config.set({"labkv.stream-max-waiting": 0}):
+    ...     stream_limits()
+    Traceback (most recent call last):
+    ...
+    ValueError: labkv.stream-max-waiting must be a positive int, got 0
+    """
+    import dask
+    from dask.utils import parse_timedelta
+
+    limit = dask.config.get("labkv.stream-max-waiting", MAX_WAITING_STREAMS)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError(f"labkv.stream-max-waiting must be a positive int, got {limit!r}")
+    raw = dask.config.get("labkv.stream-first-call-timeout", FIRST_CALL_TIMEOUT_S)
+    timeout = parse_timedelta(raw, default="seconds")
+    if timeout is None or timeout <= 0:
+        raise ValueError(f"labkv.stream-first-call-timeout must be positive, got {raw!r}")
+    return limit, float(timeout)
+
+
+def waiting_streams(dask_worker: Any) -> int:
+    """How many streams into ``dask_worker`` have not yet served a call (for
+    tests and benchmarks: ``client.run(waiting_streams)``)."""
+    handler = dask_worker.handlers.get(HANDLER)
+    service = getattr(handler, "__self__", None)
+    return len(service.waiting) if isinstance(service, _Service) else 0
 
 
 def dispatch(obj: Any, method: str, args: Any) -> Any:
@@ -91,14 +142,24 @@ class _Service:
         self.worker = worker
         self.served = 0  # calls answered, for tests and benchmarks
         self.wires: set = set()  # the streams open into this worker
+        # the streams that have not yet served a call, oldest first: their timers
+        self.waiting: dict[Any, asyncio.TimerHandle] = {}
         self.tasks = TaskGroup()
 
     async def serve(self, comm: Any, framing: str = "messages", **hello: Any) -> None:
         """Answer every request on ``comm`` until it closes (Dask passes the
         comm to a handler whose first parameter is named ``comm``), framed as
-        the caller's hello says (the caller chose, see :func:`.framing.framing_of`)."""
+        the caller's hello says (the caller chose, see :func:`.framing.framing_of`);
+        within the limits on streams that have not yet served a call (module doc)."""
+        limit, timeout = stream_limits()
+        while len(self.waiting) >= limit:  # the oldest silent stream makes room
+            oldest = next(iter(self.waiting))
+            self.waiting.pop(oldest).cancel()
+            oldest.abort()
         if framing == "socket":
             await comm.write(READY)
+        if comm.closed():
+            return
         wire = _framing.wire(comm, framing)
         ended = asyncio.get_running_loop().create_future()
 
@@ -110,6 +171,8 @@ class _Service:
                 ended.set_result(None)
 
         self.wires.add(wire)
+        loop = asyncio.get_running_loop()
+        self.waiting[wire] = loop.call_later(timeout, self._silent, wire)
         try:
             wire.start(deliver, closed, self.tasks)
             await ended  # until the caller closes its end, or this worker closes
@@ -117,6 +180,14 @@ class _Service:
             wire.abort()
         finally:
             self.wires.discard(wire)
+            timer = self.waiting.pop(wire, None)
+            if timer is not None:
+                timer.cancel()
+
+    def _silent(self, wire: Wire) -> None:
+        """A stream that served no call within the timeout: closed."""
+        if self.waiting.pop(wire, None) is not None:
+            wire.abort()
 
     async def _answer(self, wire: Wire, seq: int, request: tuple, answer: bool) -> None:
         actor_key, method, args = request
@@ -126,6 +197,10 @@ class _Service:
             if server is None:
                 kind, value = GONE, f"no server {actor_key} on {self.worker.address}"
             else:
+                if self.waiting:  # a call to a server here: the stream serves
+                    timer = self.waiting.pop(wire, None)
+                    if timer is not None:
+                        timer.cancel()
                 kind, value = RESULT, await dispatch(server, name, args)
         except Exception as exc:
             kind, value = ERROR, portable(exc)
@@ -201,10 +276,14 @@ class Stream:
                     self.address, timeout=timeout, name="labkv stream", **self.connection_args
                 )
                 framing = _framing.framing_of(comm)
-                await comm.write({"op": HANDLER, "reply": False, "framing": framing})
-                # on the socket, nothing more is written before the worker is ready
-                if framing == "socket" and await comm.read() != READY:
-                    raise OSError(f"the worker at {self.address} did not take the stream")
+                try:
+                    await comm.write({"op": HANDLER, "reply": False, "framing": framing})
+                    # on the socket, nothing more is written before the worker is ready
+                    if framing == "socket" and await comm.read() != READY:
+                        raise OSError(f"the worker at {self.address} did not take the stream")
+                except BaseException:  # a refused hello, or a caller that gave up waiting
+                    comm.abort()
+                    raise
                 wire = _framing.wire(comm, framing)
                 deliver, closed = _replies(self.pending, self.address)
                 wire.start(deliver, closed, self.readers)
