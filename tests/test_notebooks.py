@@ -237,12 +237,16 @@ WRONG = {
         "def ring_sent(W, M):\n    return 2 * (W - 1) * M  # the whole gradient at every step",
         "def ring_sent(W, M):\n    return (2 * W - 1) * M / W  # one step too many",
         "ring_sent = 2 * (8 - 1) * M // 8  # the case W = 8 typed in",
+        "def ring_sent(W, M):\n    net = Network(W, B, ALPHA)\n    ring_allreduce(net, [np.ones(M // 4, np.float32)] * W)\n    return net.sent[0]  # the simulator run, not predicted",
     ],
     "solutions/10_2.py": [
         "def ps_seconds(W, S):\n    return 2 * (ALPHA + M / B)  # the fan-in forgotten",
         "def ps_seconds(W, S):\n    return ALPHA + W * M / S / B  # the pull forgotten",
         "def ps_seconds(W, S):\n    return 2 * (ALPHA + W * M / S / B)  # a worker's own link forgotten",
         "ps_seconds = 2 * (ALPHA + 8 * M / 2 / B)  # the case W = 8, S = 2 typed in",
+        "def ps_seconds(W, S):\n    return 2 * (ALPHA + max(M, W * M / S) / B)  # one latency per phase, not per message",
+        "def ps_seconds(W, S):\n    return 2 * (W * ALPHA + max(M, W * M / S) / B)  # the workers' S messages forgotten",
+        "def ps_seconds(W, S):\n    net = Network(W + S, B, ALPHA)\n    ps_step(net, [np.ones(M // 4, np.float32)] * W, list(range(W, W + S)))\n    return net.seconds  # the simulator run, not predicted",
     ],
     "solutions/11_1.py": [
         "def push_bytes(user_ids, item_ids):\n    return (USERS + ITEMS) * K * 4  # the dense tables",
