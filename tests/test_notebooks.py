@@ -174,6 +174,7 @@ WRONG = {
         "def updater_calls(W, steps):\n    return W * steps, steps  # sync and async swapped",
         "def updater_calls(W, steps):\n    return W * steps  # one number, for dist_async only",
         "updater_calls = (10, 20)  # the case of 2 ranks and 10 steps typed in",
+        "def updater_calls(W, steps):\n    return _calls_on_the_servers(W, steps)  # measured, not predicted",
     ],
     "solutions/05_2.py": [
         "def pulls_that_wait(s):\n    return [True] * 4  # every pull waits, as in dist_sync",
