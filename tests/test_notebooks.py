@@ -126,6 +126,7 @@ WRONG = {
         "def predict_pull(pushes):\n    return pushes[-1][-1]  # the last device wins",
         "predict_pull = 6.0  # the tutorial's case typed in",
         "def predict_pull(pushes):\n    return 6.0  # the tutorial's case, as a function",
+        "def predict_pull(pushes):\n    return _pushes_on_a_store(pushes)  # measured, not predicted",
     ],
     "solutions/01_2.py": [
         "def running_mean(key, merged, stored):\n    stored += 0.5 * (merged - stored)  # a moving average, not the mean",
@@ -146,6 +147,7 @@ WRONG = {
         "def pushes_to_send(g, threshold):\n    return int(np.ceil(1.0 / abs(g)))  # the residual taken to need a whole 1.0",
         "def pushes_to_send(g, threshold):\n    return int(np.ceil(threshold / g))  # a negative gradient forgotten",
         "pushes_to_send = 3  # the case of 0.2 and 0.5 typed in",
+        "def pushes_to_send(g, threshold):\n    return int(threshold / abs(g)) + 1  # sent once the residual is over the threshold, not at it",
     ],
     "solutions/03_1.py": [
         "def reducer_traffic(n, nbytes):\n    return (3 * n + 1) * nbytes  # the least traffic, not this reducer's",
@@ -217,6 +219,7 @@ WRONG = {
         "def sent_at_last_step(n):\n    return n, 1  # the two versions swapped",
         "sent_at_last_step = (1, 3)  # the case of 3 steps typed in",
         "def sent_at_last_step(n):\n    return n  # one number, not a pair",
+        "def sent_at_last_step(n):\n    return gradients_sent(False, steps=n)[-1], gradients_sent(True, steps=n)[-1]  # measured, not predicted",
     ],
     "solutions/08_1.py": [
         "def step_without_states(lr, m, g):\n    return -lr * g * (1 + m)  # the saved momentum taken to come back",
