@@ -126,6 +126,7 @@ WRONG = {
         "def predict_pull(pushes):\n    return pushes[-1][-1]  # the last device wins",
         "predict_pull = 6.0  # the tutorial's case typed in",
         "def predict_pull(pushes):\n    return 6.0  # the tutorial's case, as a function",
+        "def predict_pull(pushes):\n    return _pushes_on_a_store(pushes)  # measured, not predicted",
     ],
     "solutions/01_2.py": [
         "def running_mean(key, merged, stored):\n    stored += 0.5 * (merged - stored)  # a moving average, not the mean",
@@ -146,6 +147,7 @@ WRONG = {
         "def pushes_to_send(g, threshold):\n    return int(np.ceil(1.0 / abs(g)))  # the residual taken to need a whole 1.0",
         "def pushes_to_send(g, threshold):\n    return int(np.ceil(threshold / g))  # a negative gradient forgotten",
         "pushes_to_send = 3  # the case of 0.2 and 0.5 typed in",
+        "def pushes_to_send(g, threshold):\n    return int(threshold / abs(g)) + 1  # sent once the residual is over the threshold, not at it",
     ],
     "solutions/03_1.py": [
         "def reducer_traffic(n, nbytes):\n    return (3 * n + 1) * nbytes  # the least traffic, not this reducer's",
@@ -174,6 +176,7 @@ WRONG = {
         "def updater_calls(W, steps):\n    return W * steps, steps  # sync and async swapped",
         "def updater_calls(W, steps):\n    return W * steps  # one number, for dist_async only",
         "updater_calls = (10, 20)  # the case of 2 ranks and 10 steps typed in",
+        "def updater_calls(W, steps):\n    return _calls_on_the_servers(W, steps)  # measured, not predicted",
     ],
     "solutions/05_2.py": [
         "def pulls_that_wait(s):\n    return [True] * 4  # every pull waits, as in dist_sync",
@@ -216,6 +219,7 @@ WRONG = {
         "def sent_at_last_step(n):\n    return n, 1  # the two versions swapped",
         "sent_at_last_step = (1, 3)  # the case of 3 steps typed in",
         "def sent_at_last_step(n):\n    return n  # one number, not a pair",
+        "def sent_at_last_step(n):\n    return gradients_sent(False, steps=n)[-1], gradients_sent(True, steps=n)[-1]  # measured, not predicted",
     ],
     "solutions/08_1.py": [
         "def step_without_states(lr, m, g):\n    return -lr * g * (1 + m)  # the saved momentum taken to come back",
@@ -237,12 +241,16 @@ WRONG = {
         "def ring_sent(W, M):\n    return 2 * (W - 1) * M  # the whole gradient at every step",
         "def ring_sent(W, M):\n    return (2 * W - 1) * M / W  # one step too many",
         "ring_sent = 2 * (8 - 1) * M // 8  # the case W = 8 typed in",
+        "def ring_sent(W, M):\n    net = Network(W, B, ALPHA)\n    ring_allreduce(net, [np.ones(M // 4, np.float32)] * W)\n    return net.sent[0]  # the simulator run, not predicted",
     ],
     "solutions/10_2.py": [
         "def ps_seconds(W, S):\n    return 2 * (ALPHA + M / B)  # the fan-in forgotten",
         "def ps_seconds(W, S):\n    return ALPHA + W * M / S / B  # the pull forgotten",
         "def ps_seconds(W, S):\n    return 2 * (ALPHA + W * M / S / B)  # a worker's own link forgotten",
         "ps_seconds = 2 * (ALPHA + 8 * M / 2 / B)  # the case W = 8, S = 2 typed in",
+        "def ps_seconds(W, S):\n    return 2 * (ALPHA + max(M, W * M / S) / B)  # one latency per phase, not per message",
+        "def ps_seconds(W, S):\n    return 2 * (W * ALPHA + max(M, W * M / S) / B)  # the workers' S messages forgotten",
+        "def ps_seconds(W, S):\n    net = Network(W + S, B, ALPHA)\n    ps_step(net, [np.ones(M // 4, np.float32)] * W, list(range(W, W + S)))\n    return net.seconds  # the simulator run, not predicted",
     ],
     "solutions/11_1.py": [
         "def push_bytes(user_ids, item_ids):\n    return (USERS + ITEMS) * K * 4  # the dense tables",

@@ -217,7 +217,7 @@ def _ssp_timeline(page, stem: str) -> dict:
     )
     box.screenshot(path=str(ARTIFACTS / f"{stem}-ssp-timeline.png"))
     # the outputs of the slow round (its printed fan-in), the race and its plots, for a look
-    cells = (("1 s into the slow round", "fan-in"), ("final excess loss", "race"))
+    cells = (("while rank 1 slept", "fan-in"), ("final excess loss", "race"))
     for text, name in (*cells, ("show(row(*plots))", "race-plots")):
         out = page.locator(".jp-CodeCell", has_text=text).first.locator(".jp-Cell-outputWrapper")
         out.scroll_into_view_if_needed()
