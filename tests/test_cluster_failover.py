@@ -20,6 +20,7 @@ from labkv.cluster._transport import base
 from labkv.cluster._transport.base import wait_all
 from tests._fake_links import SENDER, Group
 from tests._inprocess import InProcessCluster
+from tests._waiting import wait_until
 
 
 def test_a_lost_primary_is_failed_over_inside_the_call():
@@ -99,6 +100,47 @@ def test_a_call_on_a_dead_worker_fails_over_once_the_scheduler_says_so():
     dead.add("w0")
     assert call.result(0.01) == "peek by s0-r1"
     assert g.link.generation == 1
+
+
+def test_a_backup_the_scheduler_dropped_is_not_asked_to_take_over():
+    """Both replicas' workers are gone and the scheduler says so, but the
+    backup's link has not heard it (its actor's status lags on a busy
+    machine): no promote is sent to the dead worker, whose connection would
+    sit in Dask's connect retries; the lost error comes at once."""
+    g = Group(alive=lambda address: False)
+    primary, backup = g.replicas
+    primary.fail["peek"] = [OSError("the connection broke")]
+    backup.hang.add("promote")
+    with pytest.raises(ServerLost, match=r"every replica .*\['w0', 'w1'\]"):
+        g.link.call("peek", ["w"]).result(1)
+    assert backup.calls == []
+
+
+def test_a_promote_sitting_on_a_dead_worker_ends_when_the_scheduler_drops_it():
+    """The scheduler drops the backup's worker only after the promote was
+    sent (it sits on the dead worker's connection): the wait ends at the
+    scheduler's word with the lost error, not at the link's timeout (300 s)."""
+    dead = {"w0"}
+    g = Group(alive=lambda address: address not in dead)
+    g.link.timeout = 300.0
+    primary, backup = g.replicas
+    primary.fail["peek"] = [OSError("the connection broke")]
+    backup.hang.add("promote")
+    errors = []
+
+    def call():
+        try:
+            g.link.call("peek", ["w"]).result(1)
+        except ServerLost as exc:
+            errors.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert wait_until(lambda: backup.methods() == ["promote"], timeout=30)
+    dead.add("w1")
+    caller.join(timeout=60)
+    assert not caller.is_alive(), "the promote waited on after the scheduler dropped the backup"
+    assert "every replica of it is gone" in str(errors[0])
 
 
 def test_a_call_made_on_a_replaced_primary_is_made_again_on_the_new_one():

@@ -43,7 +43,7 @@ from .._errors import TIMEOUTS, ClusterError, ServerLost, answered_by, failed_up
 from .._options import DEFAULT_TIMEOUT_S
 from .._protocol.messages import Peer, Push
 from .._protocol.methods import method as _method
-from .._transport.base import ServerLink
+from .._transport.base import POLL_S, ServerLink
 from .replica_call import Call, Sent, call_or_failed
 
 MakeLink = Callable[[int, str, str], ServerLink]
@@ -285,17 +285,36 @@ class ReplicatedLink(ServerLink):
             if generation is None or generation == self.generation:  # else: done already
                 self._fail_over()
 
+    def _answer(self, peer: Peer, call: Any) -> Any:
+        """The result of ``call`` to replica ``peer``, waited for at most
+        ``self.timeout``; every ``POLL_S`` it looks whether ``peer`` is known
+        lost, and raises :class:`ServerLost` then. A call to a dead worker
+        whose connection must be opened again sits in Dask's connect retries
+        (30 s), and on a busy machine the scheduler may drop that worker only
+        after this link looked: its word must end the wait, not the retries."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return call.result(max(0.0, min(POLL_S, left)))
+            except TIMEOUTS:
+                if left <= POLL_S:
+                    raise
+                if self.backup_gone(peer):
+                    lost = f"replica of server {self.sid} on {peer.address} is lost"
+                    raise ServerLost(lost) from None
+
     def _fail_over(self) -> None:
         old = self.members[0]
         self.gone.append(old)
         for m in self.members[1:]:
-            if m not in self.gone and self.links[m].lost() is not None:
+            if m not in self.gone and self.backup_gone(m):
                 self.gone.append(m)
         for candidate in [m for m in self.members if m not in self.gone]:
             try:
                 lost = [tuple(m) for m in self.gone]
                 call = self.links[candidate].call("promote", lost)
-                epoch, members = call.result(self.timeout)
+                epoch, members = self._answer(candidate, call)
             except Exception as exc:
                 if answered_by(exc) is not None:  # its own refusal, not its loss
                     raise
