@@ -11,6 +11,7 @@ use it), and an embedded cluster only when there is none.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import gc
 import logging
@@ -21,7 +22,10 @@ from typing import Any
 
 import dask
 import distributed
-from distributed import Client, LocalCluster, Security
+from dask.utils import parse_timedelta
+from distributed import Client, LocalCluster, Nanny, Security
+from distributed.core import Status
+from distributed.deploy.spec import SpecCluster
 
 from .._errors import ClusterError
 from .._transport.scheduler import _gone, raise_if_scheduler_gone
@@ -126,6 +130,44 @@ def _default_workers() -> int:
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_": 128 << 20}
 
 
+class _EmbeddedCluster(LocalCluster):
+    """The embedded ``LocalCluster``, whose nannies bring back every worker
+    that dies.
+
+    Dask's ``SpecCluster`` closes a worker's nanny for good when no worker of
+    that name is registered ``distributed.deploy.lost-worker-timeout`` (15 s)
+    after one was removed (right for a batch job that lost its worker). A nanny
+    restarts its killed worker itself, so a restart slower than that (a busy
+    machine), or the same worker killed again just before that moment (its
+    second restart under way then), lost the worker for the rest of the
+    session: with replicas, each lost worker is one place fewer to re-seed a
+    server on. Here a nanny is closed only when it has stopped itself (it
+    closed, or failed to restart its worker); one that runs is restarting.
+    """
+
+    def _update_worker_status(self, op: str, msg: Any) -> None:
+        if op == "remove" and msg in self.scheduler_info["workers"]:
+            name = self.scheduler_info["workers"][msg]["name"]
+            if isinstance(self.workers.get(name), Nanny):
+                delay = parse_timedelta(dask.config.get("distributed.deploy.lost-worker-timeout"))
+                asyncio.get_running_loop().call_later(delay, self._close_if_stopped, name)
+                # Dask's bookkeeping of the removed worker, without SpecCluster's close.
+                super(SpecCluster, self)._update_worker_status(op, msg)
+                return
+        super()._update_worker_status(op, msg)
+
+    def _close_if_stopped(self, name: Any) -> None:
+        """Forget the nanny ``name`` once it stopped itself with no worker back."""
+        nanny = self.workers.get(name)
+        back = any(w.get("name") == name for w in self.scheduler_info["workers"].values())
+        if nanny is not None and not back and nanny.status in _STOPPED:
+            self._futures.add(asyncio.ensure_future(nanny.close()))
+            del self.workers[name]
+
+
+_STOPPED = (Status.closing, Status.closed, Status.failed)
+
+
 def _worker_environ() -> dict[str, Any]:
     """Dask's pre-spawn environment with :data:`_MALLOC_ENV`, unless the user
     configured ``MALLOC_MMAP_THRESHOLD_`` there (their choice wins; as always
@@ -205,7 +247,7 @@ def connect(
             options.setdefault("security", security)
             options.setdefault("protocol", "tls://")
         with dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}):
-            cluster = LocalCluster(**options)
+            cluster = _EmbeddedCluster(**options)
         target: Any = cluster
     else:
         target = address
