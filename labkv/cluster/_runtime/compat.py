@@ -19,6 +19,7 @@ remembered per handle (by address), so a cluster is asked once.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 
 #: How long a node may take to answer the check.
 CHECK_TIMEOUT_S = 5.0
+# How long a worker that could not be asked may take to leave the scheduler's list
+# (a killed worker's connection breaks at once; the scheduler drops it just after).
+_LOST_GRACE_S = 2.0
 
 _PROBE_SOURCE = '''
 def labkv_probe(dask_worker=None, dask_scheduler=None):
@@ -151,7 +155,9 @@ def check_cluster(handle: ClusterHandle, workers: list[str]) -> None:
     if not (todo or ask_scheduler):
         return
     lines = []
-    for name, found in probe(handle, todo, ask_scheduler).items():
+    answers = probe(handle, todo, ask_scheduler)
+    _raise_if_lost(handle, [n for n, found in answers.items() if "unanswered" in found])
+    for name, found in answers.items():
         problem = found.get("unanswered") or mismatch(found)
         if problem is None:
             checked.add(name)
@@ -160,6 +166,28 @@ def check_cluster(handle: ClusterHandle, workers: list[str]) -> None:
             lines.append(f"  {who}: {problem}")
     if lines:
         raise ClusterMismatchError(_advice(handle, lines))
+
+
+def _raise_if_lost(handle: ClusterHandle, unanswered: list[str]) -> None:
+    """A worker that did not answer because it left the cluster (killed, or
+    restarted by its nanny under a new address) is a lost worker, not one of
+    another labkv: raise a ``ClusterError`` naming it once the scheduler has
+    dropped it (it looks for ``_LOST_GRACE_S``)."""
+    workers = [n for n in unanswered if n != "scheduler"]
+    if not workers:
+        return
+    deadline = time.monotonic() + _LOST_GRACE_S
+    while True:
+        live = set(handle.workers())
+        lost = [w for w in workers if w not in live]
+        if lost or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    if lost:
+        raise ClusterError(
+            f"Dask worker(s) {lost} are not in the cluster (lost before anything started "
+            f"there, or never in it): try again (the cluster's workers now: {sorted(live)})"
+        )
 
 
 def _advice(handle: ClusterHandle, lines: list[str]) -> str:
