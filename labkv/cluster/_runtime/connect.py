@@ -195,7 +195,10 @@ def connect(
     dashboard on a free port of 127.0.0.1 (pass ``dashboard_address`` to choose), Dask's logs shown from level ERROR (``silence_logs``), and
     glibc told to reuse big buffers (see
     ``_MALLOC_ENV``; configure ``distributed.nanny.pre-spawn-environ`` to
-    override); ``kw`` go to ``LocalCluster``. Attached: ``kw`` go to ``Client``. ``set_as_default=False`` keeps the client from becoming
+    override); a worker process that dies is restarted by its nanny, however
+    long the restart takes (Dask's ``LocalCluster`` gives up on a nanny whose
+    worker has not come back within ``distributed.deploy.lost-worker-timeout``;
+    see :class:`_EmbeddedCluster`); ``kw`` go to ``LocalCluster``. Attached: ``kw`` go to ``Client``. ``set_as_default=False`` keeps the client from becoming
     Dask's default scheduler (dask.array ``compute()`` then stays local). In a script that starts a cluster, call this under
     ``if __name__ == "__main__":`` (worker processes are spawned).
 
