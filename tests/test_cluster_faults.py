@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import labkv
-from labkv.cluster import ClusterError, run
+from labkv.cluster import ClusterError, connect, run
+from labkv.cluster._runtime.compat import ClusterMismatchError
 from labkv.cluster._runtime.launch import start_servers
 from tests._waiting import server_tasks, wait_until
 
@@ -127,15 +128,117 @@ def test_a_killed_worker_gives_a_clear_error_not_a_hang(handle):
         run(_die_in_round, num_workers=2, cluster=handle, timeout=60)
 
 
-def test_servers_that_cannot_start_time_out_naming_their_worker(handle):
-    # A server pinned to a worker that is gone waits for it forever in the scheduler:
-    # the start must give up after its timeout, name the worker and leave nothing behind.
+def test_servers_pinned_to_a_worker_not_in_the_cluster_fail_at_once_naming_it(handle):
+    # A server pinned to a worker the scheduler does not list (lost since the list
+    # was made) would wait for it forever: the start must say so as soon as it looks,
+    # not after its 60 s timeout, name the worker and each piece that was to start
+    # there (replicas too), and leave nothing behind.
     gone = "tcp://127.0.0.1:9"
+    live = handle.workers()[0]
     started = time.monotonic()
-    with pytest.raises(ClusterError, match=rf"servers \[0, 1\] of t-gone .* 1 s .*{gone}"):
-        start_servers(handle, "dist_sync", 2, 1, timeout=1.0, workers=[gone], store_id="t-gone")
-    assert time.monotonic() - started < 10
+    with pytest.raises(ClusterError) as caught:
+        start_servers(
+            handle, "dist_sync", 2, 1, 60.0, workers=[live, gone], store_id="t-gone", replicas=2
+        )
+    assert time.monotonic() - started < 30  # half the timeout: it did not wait it out
+    message = str(caught.value)
+    assert f"Dask worker(s) ['{gone}'] are not in the cluster any more" in message
+    assert "servers [1, 0 (replica 1)] were to start there" in message
     assert wait_until(lambda: not server_tasks(handle.client, "t-gone"), 10)
+
+
+def test_servers_on_a_busy_worker_time_out_naming_it(handle):
+    # A live worker whose only thread is busy: the servers' tasks wait behind it,
+    # and the start gives up after its timeout, naming the worker.
+    busy = handle.workers()[1]
+    blocker = handle.client.submit(
+        time.sleep, 4, workers=[busy], allow_other_workers=False, pure=False
+    )
+    try:
+        assert wait_until(lambda: handle.client.processing(busy)[busy], 10)
+        with pytest.raises(ClusterError) as caught:
+            start_servers(handle, "dist_sync", 1, 1, 1.0, workers=[busy], store_id="t-busy")
+        assert f"servers [0] of t-busy did not start within 1 s on Dask worker(s) ['{busy}']" in (
+            str(caught.value)
+        )
+        assert wait_until(lambda: not server_tasks(handle.client, "t-busy"), 10)
+    finally:
+        handle.client.cancel([blocker])
+
+
+def test_a_server_worker_not_in_the_cluster_is_named_as_lost_not_as_a_version_mismatch(handle):
+    # A worker gone between the list and labkv's check of it (a kill at 0 s) cannot
+    # answer the check: that is a lost worker, not one running another labkv.
+    gone = "tcp://127.0.0.1:9"
+    with pytest.raises(ClusterError) as caught:
+        labkv.create("dist_sync", cluster=handle, server_workers=[handle.workers()[0], gone])
+    assert not isinstance(caught.value, ClusterMismatchError)
+    assert f"Dask worker(s) ['{gone}'] are not in the cluster" in str(caught.value)
+
+
+@pytest.fixture
+def three():
+    """A 3-worker cluster of this test's own, whose workers it kills."""
+    own = connect(n_workers=3, dashboard_address=None, memory_limit="1GiB", set_as_default=False)
+    yield own
+    own.close()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_its_servers_start_fails_the_start_naming_it(three):
+    # The victim's only thread is busy, so the servers pinned there wait on it
+    # when it is killed: a task pinned to a lost worker never runs, and the start
+    # must say so within seconds (its timeout is 120 s), naming the worker, with
+    # replicas=2 too, and release the servers that did start.
+    client = three.client
+    victim = three.workers()[1]
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    blocker = client.submit(
+        time.sleep, 300, workers=[victim], allow_other_workers=False, pure=False
+    )
+    assert wait_until(lambda: client.processing(victim)[victim], 30)
+    outcome = {}
+
+    def create():
+        try:
+            labkv.create("dist_sync", cluster=three, num_servers=2, replicas=2, timeout=120)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=create, daemon=True)
+    thread.start()
+
+    def queued_behind_the_blocker():
+        keys = client.processing(victim).get(victim, [])
+        return any(str(k).startswith("labkv-server-") for k in keys)
+
+    assert wait_until(queued_behind_the_blocker, 60)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    thread.join(timeout=130)
+    seconds = time.monotonic() - killed
+    error = outcome.get("error")
+    assert isinstance(error, ClusterError) and not isinstance(error, ClusterMismatchError), error
+    assert f"Dask worker(s) ['{victim}'] are not in the cluster any more" in str(error)
+    assert seconds < 60, f"the start waited {seconds:.0f} s after its worker was killed"
+    assert wait_until(lambda: not server_tasks(client), 10)
+    client.cancel([blocker])
+
+
+@pytest.mark.slow
+def test_a_worker_killed_before_labkv_checks_it_is_named_as_lost(three):
+    # The worker list was made, then the worker was killed and dropped before
+    # labkv's check reached it (the kill at 0 s): a lost worker, not a mismatch.
+    client = three.client
+    workers = three.workers()
+    victim = workers[2]
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: victim not in three.workers(), 30)
+    with pytest.raises(ClusterError) as caught:
+        labkv.create("dist_sync", cluster=three, num_servers=2, replicas=2, server_workers=workers)
+    assert not isinstance(caught.value, ClusterMismatchError)
+    assert f"Dask worker(s) ['{victim}'] are not in the cluster" in str(caught.value)
 
 
 def _kill_this_worker():

@@ -352,3 +352,88 @@ def test_a_watched_store_counts_the_pushes_replayed_to_its_new_primary(handle3):
     finally:
         mon.close()
         kv.close()
+
+
+def _adding(key, grad, stored):
+    """Every push applied adds its values (a count of pushes shows)."""
+    stored += grad
+
+
+COUNTED = [0, 1, 2, 3, 4, 5]  # over 3 servers: each server holds some
+
+
+def _count_pushes(kv, steps, marker, staleness):
+    """Rank r pushes a one at position r of every key each step, then pulls:
+    position r of each key must be the rank's pushes so far, exactly (every
+    push that returned is in the values, none twice). Rank 0 writes ``marker``
+    at step 10 (the kill comes then). What every pull saw wrong, the pulls that
+    saw a rank more than ``staleness`` behind (dist_ssp), and the final counts."""
+    wrong, late = [], []
+    one = np.zeros(2, np.float32)
+    one[kv.rank] = 1.0
+    kv.barrier()
+    for step in range(steps):
+        if step == 10 and kv.rank == 0:
+            open(marker, "w").close()
+        kv.push(COUNTED, [one] * len(COUNTED))
+        seen = kv.pull(COUNTED)
+        wrong += [
+            (step, key, v.tolist()) for key, v in zip(COUNTED, seen) if v[kv.rank] != step + 1
+        ]
+        if staleness is not None and min(float(v.min()) for v in seen) < step + 1 - staleness:
+            late.append((step, [v.tolist() for v in seen]))
+        time.sleep(0.03)
+    kv.barrier()
+    return [v.tolist() for v in kv.pull(COUNTED)], wrong, late
+
+
+@pytest.mark.parametrize("kind", ["dist_async", "dist_ssp"])
+def test_async_and_ssp_lose_no_acknowledged_push_when_a_primary_s_worker_is_killed(
+    handle3, kind, tmp_path
+):
+    """Two ranks push to a shared replicated store; the worker that hosts only
+    servers (server 2's primary and server 1's backup) is SIGKILLed mid-run.
+    Every pull holds every push its rank made before it, each once; the final
+    values count every push of both ranks; dist_ssp (staleness 1) never let a
+    pull see a rank more than the bound behind; the store failed over and
+    re-seeded."""
+    import threading
+
+    from labkv.cluster import run
+
+    steps, marker = 60, tmp_path / "marker"
+    handle3.client.wait_for_workers(3, timeout=60)
+    staleness = 1 if kind == "dist_ssp" else None
+    kv = labkv.create(
+        kind, cluster=handle3, num_servers=3, replicas=2, timeout=30, staleness=staleness
+    )
+    servers_only = handle3.workers()[2]  # ranks run on the first two workers
+    killed = []
+
+    def kill_mid_run():
+        if wait_until(marker.exists, 60):
+            _kill(handle3, servers_only)
+            killed.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_mid_run, daemon=True)
+    try:
+        kv.init(COUNTED, [np.zeros(2, np.float32) for _ in COUNTED])
+        kv.set_updater(_adding)
+        pieces = [kv.placement()[key][0] for key in COUNTED]
+        assert {piece["server"] for piece in pieces} == {0, 1, 2}
+        on_victim = [p["server"] for p in pieces if p["replicas"][0] == servers_only]
+        assert on_victim and set(on_victim) == {2}  # server 2's primary goes with it
+        killer.start()
+        got = run(_count_pushes, num_workers=2, kvstore=kv, args=(steps, str(marker), staleness))
+        ended = time.monotonic()
+        killer.join(timeout=60)
+        assert killed and killed[0] < ended  # mid-run
+        for final, wrong, late in got:
+            assert wrong == []
+            assert late == []
+            assert final == [[steps, steps]] * len(COUNTED)
+        assert [v.tolist() for v in kv.pull(COUNTED)] == [[steps, steps]] * len(COUNTED)
+        on_2 = [key for key, piece in zip(COUNTED, pieces) if piece["server"] == 2]
+        assert kv.placement()[on_2[0]][0]["replicas"][0] != servers_only  # failed over
+    finally:
+        kv.close()

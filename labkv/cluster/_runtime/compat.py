@@ -25,6 +25,7 @@ asked once.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 
 #: How long a node may take to answer the check.
 CHECK_TIMEOUT_S = 5.0
+# How long a worker that could not be asked may take to leave the scheduler's list
+# (a killed worker's connection breaks at once; the scheduler drops it just after).
+_LOST_GRACE_S = 2.0
 
 _PROBE_SOURCE = '''
 def labkv_probe(modules=(), dask_worker=None, dask_scheduler=None):
@@ -207,7 +211,9 @@ def check_cluster(
     lines: list[str] = []
     missing: dict[str, list[str]] = {}  # module: the nodes without it
     kinds: set[str] = set()  # what else differs: "labkv", "numpy", "unanswered"
-    for name, found in probe(handle, todo, ask_scheduler, asked).items():
+    answers = probe(handle, todo, ask_scheduler, asked)
+    _raise_if_lost(handle, [n for n, found in answers.items() if "unanswered" in found])
+    for name, found in answers.items():
         if "unanswered" in found:
             kinds.add("unanswered")
             problem = found["unanswered"]
@@ -226,6 +232,28 @@ def check_cluster(
             lines.append(f"  {who}: {problem}")
     if lines:
         raise ClusterMismatchError(_advice(handle, lines, missing, kinds, subject))
+
+
+def _raise_if_lost(handle: ClusterHandle, unanswered: list[str]) -> None:
+    """A worker that did not answer because it left the cluster (killed, or
+    restarted by its nanny under a new address) is a lost worker, not one of
+    another labkv: raise a ``ClusterError`` naming it once the scheduler has
+    dropped it (it looks for ``_LOST_GRACE_S``)."""
+    workers = [n for n in unanswered if n != "scheduler"]
+    if not workers:
+        return
+    deadline = time.monotonic() + _LOST_GRACE_S
+    while True:
+        live = set(handle.workers())
+        lost = [w for w in workers if w not in live]
+        if lost or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    if lost:
+        raise ClusterError(
+            f"Dask worker(s) {lost} are not in the cluster (lost before anything started "
+            f"there, or never in it): try again (the cluster's workers now: {sorted(live)})"
+        )
 
 
 def _install_line(module: str) -> str:

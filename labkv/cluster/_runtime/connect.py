@@ -11,6 +11,7 @@ use it), and an embedded cluster only when there is none.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import gc
 import logging
@@ -21,7 +22,10 @@ from typing import Any
 
 import dask
 import distributed
-from distributed import Client, LocalCluster, Security
+from dask.utils import parse_timedelta
+from distributed import Client, LocalCluster, Nanny, Security
+from distributed.core import Status
+from distributed.deploy.spec import SpecCluster
 
 from .._errors import ClusterError
 from .._transport.scheduler import _gone, raise_if_scheduler_gone
@@ -155,6 +159,44 @@ def _default_workers() -> int:
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_": 128 << 20}
 
 
+class _EmbeddedCluster(LocalCluster):
+    """The embedded ``LocalCluster``, whose nannies bring back every worker
+    that dies.
+
+    Dask's ``SpecCluster`` closes a worker's nanny for good when no worker of
+    that name is registered ``distributed.deploy.lost-worker-timeout`` (15 s)
+    after one was removed (right for a batch job that lost its worker). A nanny
+    restarts its killed worker itself, so a restart slower than that (a busy
+    machine), or the same worker killed again just before that moment (its
+    second restart under way then), lost the worker for the rest of the
+    session: with replicas, each lost worker is one place fewer to re-seed a
+    server on. Here a nanny is closed only when it has stopped itself (it
+    closed, or failed to restart its worker); one that runs is restarting.
+    """
+
+    def _update_worker_status(self, op: str, msg: Any) -> None:
+        if op == "remove" and msg in self.scheduler_info["workers"]:
+            name = self.scheduler_info["workers"][msg]["name"]
+            if isinstance(self.workers.get(name), Nanny):
+                delay = parse_timedelta(dask.config.get("distributed.deploy.lost-worker-timeout"))
+                asyncio.get_running_loop().call_later(delay, self._close_if_stopped, name)
+                # Dask's bookkeeping of the removed worker, without SpecCluster's close.
+                super(SpecCluster, self)._update_worker_status(op, msg)
+                return
+        super()._update_worker_status(op, msg)
+
+    def _close_if_stopped(self, name: Any) -> None:
+        """Forget the nanny ``name`` once it stopped itself with no worker back."""
+        nanny = self.workers.get(name)
+        back = any(w.get("name") == name for w in self.scheduler_info["workers"].values())
+        if nanny is not None and not back and nanny.status in _STOPPED:
+            self._futures.add(asyncio.ensure_future(nanny.close()))
+            del self.workers[name]
+
+
+_STOPPED = (Status.closing, Status.closed, Status.failed)
+
+
 def _worker_environ() -> dict[str, Any]:
     """Dask's pre-spawn environment with :data:`_MALLOC_ENV`, unless the user
     configured ``MALLOC_MMAP_THRESHOLD_`` there (their choice wins; as always
@@ -184,7 +226,10 @@ def connect(
     dashboard on a free port of 127.0.0.1 (pass ``dashboard_address`` to choose), Dask's logs shown from level ERROR (``silence_logs``), and
     glibc told to reuse big buffers (see
     ``_MALLOC_ENV``; configure ``distributed.nanny.pre-spawn-environ`` to
-    override); ``kw`` go to ``LocalCluster``. Attached: ``kw`` go to ``Client``. ``set_as_default=False`` keeps the client from becoming
+    override); a worker process that dies is restarted by its nanny, however
+    long the restart takes (Dask's ``LocalCluster`` gives up on a nanny whose
+    worker has not come back within ``distributed.deploy.lost-worker-timeout``;
+    see :class:`_EmbeddedCluster`); ``kw`` go to ``LocalCluster``. Attached: ``kw`` go to ``Client``. ``set_as_default=False`` keeps the client from becoming
     Dask's default scheduler (dask.array ``compute()`` then stays local). In a script that starts a cluster, call this under
     ``if __name__ == "__main__":`` (worker processes are spawned).
 
@@ -239,7 +284,7 @@ def connect(
             options.setdefault("security", security)
             options.setdefault("protocol", "tls://")
         with dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}):
-            cluster = LocalCluster(**options)
+            cluster = _EmbeddedCluster(**options)
         target: Any = cluster
     else:
         target = address

@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import math
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import distributed
@@ -24,6 +26,11 @@ from .._placement import DEFAULT_BIGARRAY_BOUND
 from .._server.actor import Server
 from .._transport.dask import DaskHost
 from .connect import ClusterHandle
+
+# How often a start that waits on its servers asks the scheduler whether their
+# workers are still there (a task pinned to a lost worker never runs, and a call
+# to one can sit in Dask's connect retries for 30 s).
+_LIVE_POLL_S = 0.5
 
 
 class DaskServer(Server):
@@ -74,8 +81,13 @@ def start_servers(
     names them all. Actors are pinned (``allow_other_workers=False``): a server's keys live in
     its worker's memory, so Dask must never move or re-run it elsewhere. A
     server that cannot start (no GPU for ``device='gpu'``), or does not start
-    within ``timeout`` (its worker gone), fails the call, and the servers
-    already started are released.
+    within ``timeout`` (its worker too busy), fails the call, and the servers
+    already started are released. A worker that leaves the cluster meanwhile
+    fails the call as soon as the scheduler has dropped it (within
+    ``_LIVE_POLL_S`` of that), naming the worker: nothing was initialised yet,
+    so making the store again loses nothing, and the servers are not moved
+    to other workers behind the caller's back (the placement above is the
+    documented one, and ``run`` places its ranks on the same workers).
     """
     client = handle.client
     store_id = store_id or f"{kind}-{uuid.uuid4().hex[:8]}"
@@ -99,30 +111,29 @@ def start_servers(
     # handle's client need not be Dask's default one (set_as_default=False).
     with client.as_current():
         try:
-            distributed.wait(futures, timeout=timeout)
-        except TIMEOUTS:
-            late = [s for s, f in enumerate(futures) if f.status == "pending"]
-            client.cancel(futures)
-            raise ClusterError(
-                f"servers {late} of {store_id} did not start within {timeout:g} s on Dask "
-                f"worker(s) {sorted({addresses[s] for s in late})} (gone, or too busy?)"
-            ) from None
-        try:
+            _wait_started(handle, futures, where, store_id, timeout)
             actors = client.gather(futures)
             devices = [actor.device_name for actor in actors[:num_servers]]
             peers = [(addresses[s], futures[s].key) for s in range(num_servers)]
-            for call in [actor.link(peers) for actor in actors]:
-                call.result(timeout=timeout)
+            calls = [actor.link(peers) for actor in actors]
             members = [
                 [(a, futures[i].key) for i, (t, _, a) in enumerate(where) if t == s]
                 for s in range(num_servers)
             ]
             if replicas > 1:
+                for call, (_, _, address) in zip(calls, where):
+                    _answer(handle, call.result, address, store_id, timeout)
                 calls = [actor.join_group(members[s], r) for actor, (s, r, _) in zip(actors, where)]
-                for call in calls:
-                    call.result(timeout=timeout)
+            for call, (_, _, address) in zip(calls, where):
+                _answer(handle, call.result, address, store_id, timeout)
+        except ClusterError:
+            client.cancel(futures)
+            raise
         except Exception as exc:
             client.cancel(futures)
+            lost = sorted({a for _, _, a in where} - set(handle.workers()))
+            if lost:  # a call to a server whose worker died fails with a broken comm
+                raise _lost_error(handle, lost, "servers had started", store_id) from exc
             raise ClusterError(f"the servers of {store_id} could not start: {exc}") from exc
     spec = StoreSpec(
         kind,
@@ -138,6 +149,73 @@ def start_servers(
         replica_members=members if replicas > 1 else [],
     )
     return futures, actors, spec
+
+
+def _lost_error(handle: ClusterHandle, lost: list[str], what: str, store_id: str) -> ClusterError:
+    return ClusterError(
+        f"Dask worker(s) {lost} are not in the cluster any more (lost while the servers of "
+        f"{store_id} started: {what} there); nothing was kept: make the store again (the "
+        f"cluster's workers now: {handle.workers()})"
+    )
+
+
+def _wait_started(
+    handle: ClusterHandle,
+    futures: list[Any],
+    where: list[tuple[int, int, str]],
+    store_id: str,
+    timeout: float,
+) -> None:
+    """Wait until every server actor of ``futures`` (server, replica, worker
+    of each in ``where``) has started, at most ``timeout`` seconds; one whose
+    worker the scheduler no longer lists fails the start within
+    ``_LIVE_POLL_S``, naming that worker."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            distributed.wait(futures, timeout=max(0.01, min(_LIVE_POLL_S, left)))
+            return
+        except TIMEOUTS:
+            pass
+        late = [i for i, f in enumerate(futures) if f.status == "pending"]
+        live = set(handle.workers())
+        lost = sorted({where[i][2] for i in late} - live)
+        if lost:
+            pinned = [(s, r) for s, r, a in where if a in lost]
+            what = f"servers {_named(pinned)} were to start"
+            raise _lost_error(handle, lost, what, store_id)
+        if time.monotonic() >= deadline:
+            raise ClusterError(
+                f"servers {_named([where[i][:2] for i in late])} of {store_id} did not start "
+                f"within {timeout:g} s on Dask worker(s) {sorted({where[i][2] for i in late})} "
+                "(too busy?)"
+            )
+
+
+def _named(pieces: list[tuple[int, int]]) -> str:
+    """Server ids, and their replicas beyond the primary: ``[0, 1 (replica 1)]``."""
+    return "[" + ", ".join(f"{s}" if r == 0 else f"{s} (replica {r})" for s, r in pieces) + "]"
+
+
+def _answer(
+    handle: ClusterHandle,
+    result: Callable[..., Any],
+    address: str,
+    store_id: str,
+    timeout: float,
+) -> Any:
+    """``result(timeout=...)`` of a call to the server on ``address``, looking
+    every ``_LIVE_POLL_S`` whether the scheduler still lists that worker."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return result(timeout=max(0.01, min(_LIVE_POLL_S, deadline - time.monotonic())))
+        except TIMEOUTS:
+            if address not in handle.workers():
+                raise _lost_error(handle, [address], "a server had started", store_id) from None
+            if time.monotonic() >= deadline:
+                raise
 
 
 def start_server(
