@@ -9,7 +9,6 @@ counts, and replayed pushes must be skipped, audited and counted once."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import re
 import threading
 import time
@@ -19,18 +18,14 @@ import pytest
 
 import labkv
 from labkv.cluster._errors import ClusterError
-from labkv.cluster._rank.store import DistStore
 from labkv.cluster._transport.base import GRACE_S
 from tests._inprocess import InProcessCluster
+from tests._replacing import Died, replacement, run_through_a_death
 from tests._waiting import in_threads
 
 KEYS = ["w", "b", "big"]  # "big" is sliced over both servers (bigarray_bound=1000)
 SIZES = {"w": 6, "b": 3, "big": 1500}
 STEPS = 8
-
-
-class Died(BaseException):
-    """A rank's process ending where it stands (not an Exception: nothing catches it)."""
 
 
 def _zeros():
@@ -93,49 +88,14 @@ def _undisturbed(replicas, **kw):
         return outs, _states(c.ranks[0])
 
 
-def _replacement(c, rank, incarnation=1):
-    """Rank ``rank``'s next incarnation on the same servers (as ``run`` starts it),
-    after its lost one is fenced on every replica (as the watcher does)."""
-    live = c.ranks[1 - rank]
-    prefix = f"{live.spec.group}/{rank}.{incarnation - 1}/"
-    live._calls.all("fence", prefix, rank, 10.0)
-    spec = copy.deepcopy(live.spec)
-    links = c.group.rank_links() if hasattr(c.group, "rank_links") else c.group.links
-    owner = rank == 0  # as run makes it: the owner's replacement inherits its init
-    return DistStore(spec, [], rank, 2, owner=owner, links=links, incarnation=incarnation)
-
-
 def _disturbed(replicas, lost, at, point, flushed=True, **kw):
     """Rank ``lost`` dies at step ``at``, ``point``, after what it holds back was
     sent (``flushed``) or with it (small pushes wait to ride on the next call:
     they are lost with the rank); its replacement runs on."""
     with _cluster(replicas) as c:
-        died = threading.Event()
-
-        def die(kv, step, where):
-            if kv.rank == lost and kv.incarnation == 0 and step == at and where == point:
-                if flushed:
-                    kv.flush()
-                died.set()
-                raise Died
-
-        results = {}
-
-        def rank_thread(kv):
-            with contextlib.suppress(Died):
-                results[kv.rank] = train(kv, die=die, **kw)
-
-        threads = [threading.Thread(target=rank_thread, args=(kv,), daemon=True) for kv in c.ranks]
-        for t in threads:
-            t.start()
-        assert died.wait(10), "the rank never reached its point of death"
-        threads[lost].join(10)
-        again = _replacement(c, lost)
-        results[lost] = in_threads(lambda: train(again, **kw), timeout=30)[0]
-        threads[1 - lost].join(30)
+        outs, again = run_through_a_death(c, train, lost, at, point, flushed, **kw)
         live = c.ranks[1 - lost]
-        loads = live.server_load()
-        return [results[0], results[1]], _states(live), loads, c, again
+        return outs, _states(live), live.server_load(), c, again
 
 
 POINTS = ["pulled", ("before", 0), ("before", 1), ("before", 2), "after"]
@@ -201,7 +161,7 @@ def test_the_lost_incarnation_is_refused_once_fenced_and_the_replacement_is_not(
         for kv in c.ranks:
             kv.init(KEYS, _zeros()) if kv.rank == 0 else None
         c.ranks[1].init(KEYS, _zeros())
-        again = _replacement(c, 1)
+        again = replacement(c, 1)
         with pytest.raises(ClusterError, match="replaced after it was taken for lost"):
             old.push("w", np.ones(SIZES["w"], np.float32))
             old.flush()
@@ -239,7 +199,7 @@ def test_async_and_ssp_apply_each_rank_step_key_push_once_through_a_replacement(
         for t in threads:
             t.start()
         threads[0].join(10)
-        again = _replacement(c, 1)
+        again = replacement(c, 1)
         in_threads(lambda: loop(again), timeout=30)
         threads[1].join(30)
         loads = c.ranks[0].server_load()
@@ -310,7 +270,7 @@ def test_the_live_rank_waits_past_its_timeout_while_the_lost_one_is_replaced(hol
         for t in threads:
             t.start()
         assert died.wait(10)
-        again = _replacement(c, 1)  # fences at once: the servers hold 10 s
+        again = replacement(c, 1)  # fences at once: the servers hold 10 s
         time.sleep(0.5 + GRACE_S + 0.5)  # past the live rank's own deadline
         if hold:
             in_threads(lambda: loop(again), timeout=30)

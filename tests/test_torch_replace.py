@@ -8,7 +8,6 @@ silent."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
@@ -21,8 +20,8 @@ torch = pytest.importorskip("torch")
 
 import labkv.torch as lkt  # noqa: E402
 from tests._inprocess import InProcessCluster  # noqa: E402
+from tests._replacing import run_through_a_death  # noqa: E402
 from tests._waiting import in_threads  # noqa: E402
-from tests.test_cluster_elastic import Died, _replacement  # noqa: E402
 
 STEPS = 6
 
@@ -98,31 +97,8 @@ def _disturbed(replicas, lost, at, point, fn=None, **kw):
     its replacement runs the same function (``fn``, default :func:`train`) on."""
     fn = fn or train
     with _cluster(replicas) as c:
-        died = threading.Event()
-
-        def die(kv, step, where):
-            if kv.rank == lost and kv.incarnation == 0 and step == at and where == point:
-                kv.flush()
-                died.set()
-                raise Died
-
-        results = {}
-
-        def rank_thread(kv):
-            with contextlib.suppress(Died):
-                results[kv.rank] = fn(kv, die=die, **kw)
-
-        threads = [threading.Thread(target=rank_thread, args=(kv,), daemon=True) for kv in c.ranks]
-        for t in threads:
-            t.start()
-        assert died.wait(20), "the rank never reached its point of death"
-        threads[lost].join(10)
-        again = _replacement(c, lost)
-        results[lost] = in_threads(lambda: fn(again, **kw), timeout=60)[0]
-        threads[1 - lost].join(60)
-        assert not threads[1 - lost].is_alive()
-        loads = c.ranks[1 - lost].server_load()
-        return [results[0], results[1]], loads
+        got, _ = run_through_a_death(c, fn, lost, at, point, timeout=60, **kw)
+        return got, c.ranks[1 - lost].server_load()
 
 
 POINTS = ["forward", ("pushed", "2.weight"), ("pushed", "0.weight"), "backward", "stepped"]
