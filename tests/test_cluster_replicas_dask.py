@@ -112,7 +112,7 @@ def test_losing_every_replica_gives_the_lost_error_within_seconds(handle3):
             for _ in range(100):
                 kv.push(0, np.ones(2))
                 kv.pull(0)
-        # the loss, not the store's 30 s timeout (how soon: bench/error_times.py)
+        # the loss, not the store's 30 s timeout (how soon: bench/detect.py)
         assert time.monotonic() - start < 30
     finally:
         kv.close()
