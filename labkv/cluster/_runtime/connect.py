@@ -204,6 +204,11 @@ def connect(
         if security is not None:
             options.setdefault("security", security)
             options.setdefault("protocol", "tls://")
+        # labkv's dashboard pages: registered before the scheduler (in this
+        # process) builds its dashboard, so that it lists them (labkv.dashboard)
+        from ...dashboard import register_pages
+
+        register_pages()
         with dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}):
             cluster = LocalCluster(**options)
         target: Any = cluster
@@ -222,6 +227,10 @@ def connect(
     if address is not None and n_workers:
         client.wait_for_workers(n_workers, timeout=60)
     handle = ClusterHandle(client, cluster)
+    if cluster is not None:
+        from ...dashboard import _install_on_scheduler
+
+        client.run_on_scheduler(_install_on_scheduler)
     if upload:
         try:
             ship_labkv(handle)
