@@ -178,3 +178,9 @@ def test_a_scheduler_without_the_preload_gets_the_plugin_and_says_how_to_list_pa
             assert bare.client.run_on_scheduler(_viewers) == 0  # the plugin folds all the same
     finally:
         procs.stop()
+
+
+def test_the_handles_html_links_the_dashboard_and_labkvs_pages(handle):
+    html = handle._repr_html_()
+    assert handle.dashboard_link in html
+    assert all(url in html for url in labkv.dashboard.urls(handle))

@@ -105,6 +105,13 @@ class ClusterHandle:
         kind = "embedded" if self.cluster is not None else "attached"
         return f"<labkv.cluster.ClusterHandle {kind} {self.address}>"
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: address, kind, workers, dashboard link (and
+        labkv's pages), and each node's labkv, protocol and numpy, checked."""
+        from .reprs import handle_html
+
+        return handle_html(self)
+
 
 #: The handles made in this process, by ``id`` of their client.
 _handles: weakref.WeakValueDictionary[int, ClusterHandle] = weakref.WeakValueDictionary()
