@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..._log import logger
 from ..._version import PROTOCOL, __version__
 from .._errors import ClusterError
 
@@ -159,7 +160,10 @@ def check_cluster(handle: ClusterHandle, workers: list[str]) -> None:
             who = f"scheduler {handle.address}" if name == "scheduler" else f"worker {name}"
             lines.append(f"  {who}: {problem}")
     if lines:
+        logger.warning("labkv's cluster check failed:\n%s", "\n".join(lines))
         raise ClusterMismatchError(_advice(handle, lines))
+    asked = len(todo) + ask_scheduler
+    logger.info("labkv's cluster check passed on %d node(s) of %s", asked, handle.address)
 
 
 def _advice(handle: ClusterHandle, lines: list[str]) -> str:

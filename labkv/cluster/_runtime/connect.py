@@ -234,6 +234,9 @@ def connect(
     if address is not None and n_workers:
         client.wait_for_workers(n_workers, timeout=60)
     handle = ClusterHandle(client, cluster)
+    # labkv's records made on the workers (a rank's failover) reach this process
+    # as Dask forwards its own
+    client.forward_logging("labkv")
     if cluster is not None:
         from ...dashboard import _install_on_scheduler
 
