@@ -117,10 +117,43 @@ class ClusterHandle:
 _handles: weakref.WeakValueDictionary[int, ClusterHandle] = weakref.WeakValueDictionary()
 
 
+def _on_jupyterhub() -> bool:
+    """Whether this kernel runs under JupyterHub (Binder is one): a container
+    of 1-2 GB shared by the Jupyter server, every open notebook's kernel and
+    their workers."""
+    return bool(os.environ.get("JUPYTERHUB_SERVICE_PREFIX") or os.environ.get("BINDER_LAUNCH_HOST"))
+
+
 def _default_workers() -> int:
-    # One single-threaded worker process per core (at least 2, so that a
-    # 2-rank run fits; at most 8, a notebook's share of a big machine).
-    return max(2, min(8, os.cpu_count() or 2))
+    """One single-threaded worker process per core this process may use (Dask's
+    ``CPU_COUNT``: the container's CPU quota, where ``os.cpu_count()`` gives the
+    host's cores); at least 2, so that a 2-rank run fits; at most 8, a
+    notebook's share of a big machine; 2 under JupyterHub (Binder).
+
+    >>> 2 <= _default_workers() <= 8
+    True
+    """
+    from dask.system import CPU_COUNT
+
+    most = 2 if _on_jupyterhub() else 8
+    return max(2, min(most, CPU_COUNT or 2))
+
+
+def _default_memory_limit(n_workers: int) -> int:
+    """Bytes each embedded worker may hold: the memory this process may use
+    (``distributed.system.MEMORY_LIMIT``: the container's limit where there is
+    one), shared by the workers and one more share for the kernel itself, which
+    runs the scheduler and the client (Dask's own default gives the workers all
+    of it). A worker past it is restarted by its nanny, instead of the kernel
+    being killed.
+
+    >>> from distributed.system import MEMORY_LIMIT
+    >>> _default_memory_limit(3) == MEMORY_LIMIT // 4
+    True
+    """
+    from distributed.system import MEMORY_LIMIT
+
+    return int(MEMORY_LIMIT // (n_workers + 1))
 
 
 # glibc settings for the embedded workers (read once, at process start). Dask sets
@@ -155,7 +188,10 @@ def connect(
     """Start an embedded ``LocalCluster`` (``address=None``) or attach to a
     running scheduler (``'tcp://...'``, or ``'tls://...'`` with ``security``).
 
-    Embedded: worker processes on 127.0.0.1, one thread each (ranks run one per
+    Embedded: ``n_workers`` (default: one per core this process may use, its
+    container's CPU quota included, 2 to 8; 2 under JupyterHub or Binder) worker
+    processes on 127.0.0.1, each with a memory limit of an equal share of this
+    process's memory with one share left for the kernel, one thread each (ranks run one per
     worker; servers are actors on the workers' event loops and need no thread),
     dashboard on a free port of 127.0.0.1 (pass ``dashboard_address`` to choose), Dask's logs shown from level ERROR (``silence_logs``), and
     glibc told to reuse big buffers (see
@@ -194,8 +230,10 @@ def connect(
         "set_as_default": set_as_default,
     }
     if address is None:
+        n_workers = n_workers or _default_workers()
         options = {
-            "n_workers": n_workers or _default_workers(),
+            "n_workers": n_workers,
+            "memory_limit": _default_memory_limit(n_workers),
             "threads_per_worker": 1,
             "processes": True,
             "host": "127.0.0.1",
