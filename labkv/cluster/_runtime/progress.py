@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._transport.scheduler import forget_topic
+
 __all__ = ["EVERY_S", "Progress", "progress_topic", "step_reporter"]
 
 #: a rank reports its step at most this often (and at each loop's end)
@@ -133,6 +135,8 @@ class Progress:
         """Stop hearing; the last line shown stays (a terminal's ends with a newline)."""
         with contextlib.suppress(Exception):  # the scheduler may be gone: run raises
             self.client.unsubscribe_topic(self.topic)
+            # the scheduler keeps every topic's last events: drop the run's
+            self.client.run_on_scheduler(forget_topic, self.topic)
         self.draw()
         if self._terminal and self._text:
             sys.stderr.write("\n")
