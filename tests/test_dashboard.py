@@ -139,6 +139,22 @@ def test_the_plugin_keeps_bounded_queues_and_few_stores():
     assert "other-topic" not in plugin.boards
 
 
+def test_a_page_is_drawn_once_per_change_whatever_the_viewers():
+    plugin = LabkvDashboard()
+    drawn = []
+
+    def draw(board):
+        drawn.append(board.info.get("placement"))
+        return f"drawn {len(drawn)}"
+
+    board = plugin.board("s")
+    assert [board.render("keys", draw) for _ in range(4)] == ["drawn 1"] * 4  # four viewers
+    for placement in ({"w": "s0"}, {"w": "s1"}):  # new placement, same keys
+        plugin.log_event(INFO_TOPIC, pickle.dumps({"store": "s", "placement": placement}))
+        board.render("keys", draw)
+    assert drawn == [None, {"w": "s0"}, {"w": "s1"}]
+
+
 @pytest.mark.slow
 def test_cli_scheduler_with_the_preload_serves_the_pages(tmp_path):
     procs = Procs(tmp_path)

@@ -58,6 +58,7 @@ class Board:
         # Smaller rings than a notebook's monitor: the pages show the newest state.
         self.model = MonitorModel(log_size=200, trace_size=20, timeline_size=5000)
         self.info: dict[str, Any] = {}
+        self.info_version = 0  # bumped whenever the notebook sends a new info
         self.pending: deque[bytes] = deque()
         self.heard = time.time()
         self.batches = 0
@@ -76,7 +77,7 @@ class Board:
         says how long something waits passes the second): every viewer of the
         page gets the same object."""
         self.fold()
-        key = (self.model.version, len(self.info), stamp)
+        key = (self.model.version, self.info_version, stamp)
         done = self._rendered.get(page)
         if done is None or done[0] != key:
             done = self._rendered[page] = (key, draw(self))
@@ -107,7 +108,9 @@ class LabkvDashboard(SchedulerPlugin):
                 board.fold()
         elif topic == INFO_TOPIC and isinstance(msg, bytes):
             info = pickle.loads(msg)  # labkv.dashboard.store_info, as the notebook sent it
-            self.board(str(info["store"])).info = info
+            board = self.board(str(info["store"]))
+            board.info = info
+            board.info_version += 1
 
     def board(self, store_id: str) -> Board:
         """The board of ``store_id`` (a new one, the oldest forgotten past
