@@ -81,3 +81,18 @@ def test_records_made_in_ranks_on_workers_are_forwarded(spare, caplog):
     from tests._waiting import wait_until
 
     assert wait_until(forwarded, timeout=30), _messages(caplog)
+
+
+def test_labkv_prints_no_record_until_the_application_configures_logging():
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, labkv.cluster\n"
+        "logging.getLogger('labkv').warning('a failover')\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "logging.getLogger('labkv').info('now shown')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "a failover" not in done.stderr and "INFO:labkv:now shown" in done.stderr
