@@ -108,6 +108,13 @@ class KVStore(Checks, Updating, Reporting):
     def __repr__(self) -> str:
         return f"<labkv.KVStore type={self._type!r} keys={len(self._meta)} id={self._id}>"
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: type (rank, servers and replicas on a cluster), each
+        key's shape, dtype, placement and bytes, and the bytes per server or device."""
+        from ._reprs import store_html
+
+        return store_html(self)
+
     # -- init ----------------------------------------------------------------
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
         """Initialise one key or a list of keys with a value each.

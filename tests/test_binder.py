@@ -68,3 +68,37 @@ def test_binder_environment_installs_and_runs_the_notebooks(tmp_path):
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     ran = [line for line in run.stdout.splitlines() if line.startswith("ran ")]
     assert len(ran) == len(list((ROOT / "notebooks").glob("[0-9]*.ipynb")))
+
+
+def test_embedded_workers_follow_the_containers_cpus_and_leave_memory_for_the_kernel(monkeypatch):
+    import dask.system
+    import distributed.system
+
+    from labkv.cluster._runtime import connect as connecting
+
+    monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX", raising=False)
+    monkeypatch.delenv("BINDER_LAUNCH_HOST", raising=False)
+    monkeypatch.setattr(connecting.os, "cpu_count", lambda: 64)  # the host's cores
+    for quota, workers in [(1, 2), (4, 4), (64, 8)]:
+        monkeypatch.setattr(dask.system, "CPU_COUNT", quota)  # the container's CPU quota
+        assert connecting._default_workers() == workers
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/someone/")  # Binder's hub
+    assert connecting._default_workers() == 2
+
+    monkeypatch.setattr(distributed.system, "MEMORY_LIMIT", 2 << 30)  # Binder's 2 GB
+    started = {}
+
+    class Started(Exception):
+        pass
+
+    def local_cluster(**options):
+        started.update(options)
+        raise Started
+
+    monkeypatch.setattr(connecting, "_EmbeddedCluster", local_cluster)
+    with pytest.raises(Started):
+        connecting.connect()
+    assert started["n_workers"] == 2 and started["memory_limit"] == (2 << 30) // 3
+    with pytest.raises(Started):
+        connecting.connect(n_workers=3, memory_limit="1GiB")  # the caller's choice wins
+    assert started["n_workers"] == 3 and started["memory_limit"] == "1GiB"

@@ -447,3 +447,13 @@ def test_the_clocks_panel_of_many_ranks_shows_the_slowest_and_the_waiters():
     assert caption.startswith("20 of 500 keys shown")
     small = table_html(headers, rows, "labkv-clocks")
     assert len(small) < 6_000 < 300_000 < len(table_html(*clocks_table(model), "labkv-clocks"))
+
+
+def test_a_late_batch_does_not_turn_back_a_keys_last_change():
+    # a notebook's init reaches a scheduler-side model after the servers' pushes
+    model = MonitorModel()
+    model.on_event(Event(0, 5.0, "dist_sync", "push", "w", server=0, nbytes=8))
+    model.on_event(Event(1, 1.0, "dist_sync", "init", "w"))
+    model.flush()
+    stats = model.keys["w"]
+    assert (stats.last_op, stats.last_change) == ("push", 5.0)

@@ -234,7 +234,8 @@ class MonitorModel:
             self.trace.append(e)
             self.updates_detailed += 1
         if op in CHANGING_OPS:
-            stats.last_op, stats.last_change = op, e.time
+            if e.time >= stats.last_change:  # batches from other processes come late
+                stats.last_op, stats.last_change = op, e.time
             self.changed.add(e.key)
 
     def _fold_round_columns(self, e: Event, columns: list[list[Any]]) -> None:

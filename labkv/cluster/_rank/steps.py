@@ -69,6 +69,7 @@ class StepCounter:
         "hooks",
         "_start",
         "_resumed",
+        "total",
     )
 
     def __init__(self, rank: int, seed: int, resume: Callable[[], int] | None) -> None:
@@ -81,6 +82,7 @@ class StepCounter:
         self.hooks: list[Callable[[int, bool], None]] = []  # see module doc
         self._start: int | None = None  # a replacement's first step (asked once)
         self._resumed = resume is None  # whether the hooks were told of the resume step
+        self.total = 0  # the step the current (or last) loop ends at
 
     def loop(self, n: int, seed: int | None) -> Iterator[Step]:
         """The steps of one loop of ``n`` (a replacement's start at its resume step)."""
@@ -90,6 +92,7 @@ class StepCounter:
         if self._start is None:
             self._start = 0 if self.resume is None else self.resume()
         offset = self.offset
+        self.total = offset + n
         first = min(n, max(0, self._start - offset))
         try:
             for index in range(first, n):

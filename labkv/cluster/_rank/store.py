@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..._log import logger
 from ..._types import Key
 from ...events import EventBus
 from ...optimizers import Optimizer
@@ -222,6 +223,16 @@ class DistStore(KVStore):
                 self._streaming.failed_over()
             extra = {"lost": [old], "replicas": link.replicas(), "primary": link.address}
             extra["promoted"] = True
+            logger.warning(
+                "store %s, rank %d: server %d's primary on %s was lost; %s is its primary now "
+                "(replicas %s)",
+                self._id,
+                self._rank,
+                link.sid,
+                old,
+                link.address,
+                ", ".join(link.replicas()),
+            )
             self.events.emit("failover", None, rank=self._rank, server=link.sid, extra=extra)
         if self._on_replica_lost is not None:  # the driver starts a replica in its place
             self._on_replica_lost(self, link, old)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..._log import logger
 from ..._version import PROTOCOL, __version__
 from .._errors import ClusterError
 
@@ -231,7 +232,10 @@ def check_cluster(
             who = f"scheduler {handle.address}" if name == "scheduler" else f"worker {name}"
             lines.append(f"  {who}: {problem}")
     if lines:
+        logger.warning("labkv's cluster check failed:\n%s", "\n".join(lines))
         raise ClusterMismatchError(_advice(handle, lines, missing, kinds, subject))
+    nodes = len(todo) + ask_scheduler
+    logger.info("labkv's cluster check passed on %d node(s) of %s", nodes, handle.address)
 
 
 def _raise_if_lost(handle: ClusterHandle, unanswered: list[str]) -> None:

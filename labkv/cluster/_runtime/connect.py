@@ -138,15 +138,55 @@ class ClusterHandle:
         kind = "embedded" if self.cluster is not None else "attached"
         return f"<labkv.cluster.ClusterHandle {kind} {self.address}>"
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: address, kind, workers, dashboard link (and
+        labkv's pages), and each node's labkv, protocol and numpy, checked."""
+        from .reprs import handle_html
+
+        return handle_html(self)
+
 
 #: The handles made in this process, by ``id`` of their client.
 _handles: weakref.WeakValueDictionary[int, ClusterHandle] = weakref.WeakValueDictionary()
 
 
+def _on_jupyterhub() -> bool:
+    """Whether this kernel runs under JupyterHub (Binder is one): a container
+    of 1-2 GB shared by the Jupyter server, every open notebook's kernel and
+    their workers."""
+    return bool(os.environ.get("JUPYTERHUB_SERVICE_PREFIX") or os.environ.get("BINDER_LAUNCH_HOST"))
+
+
 def _default_workers() -> int:
-    # One single-threaded worker process per core (at least 2, so that a
-    # 2-rank run fits; at most 8, a notebook's share of a big machine).
-    return max(2, min(8, os.cpu_count() or 2))
+    """One single-threaded worker process per core this process may use (Dask's
+    ``CPU_COUNT``: the container's CPU quota, where ``os.cpu_count()`` gives the
+    host's cores); at least 2, so that a 2-rank run fits; at most 8, a
+    notebook's share of a big machine; 2 under JupyterHub (Binder).
+
+    >>> 2 <= _default_workers() <= 8
+    True
+    """
+    from dask.system import CPU_COUNT
+
+    most = 2 if _on_jupyterhub() else 8
+    return max(2, min(most, CPU_COUNT or 2))
+
+
+def _default_memory_limit(n_workers: int) -> int:
+    """Bytes each embedded worker may hold: the memory this process may use
+    (``distributed.system.MEMORY_LIMIT``: the container's limit where there is
+    one), shared by the workers and one more share for the kernel itself, which
+    runs the scheduler and the client (Dask's own default gives the workers all
+    of it). A worker past it is restarted by its nanny, instead of the kernel
+    being killed.
+
+    >>> from distributed.system import MEMORY_LIMIT
+    >>> _default_memory_limit(3) == MEMORY_LIMIT // 4
+    True
+    """
+    from distributed.system import MEMORY_LIMIT
+
+    return int(MEMORY_LIMIT // (n_workers + 1))
 
 
 # glibc settings for the embedded workers (read once, at process start). Dask sets
@@ -221,7 +261,10 @@ def connect(
     ``distributed.Security`` with the cluster's CA and a certificate it trusts,
     refused at once without one).
 
-    Embedded: worker processes on 127.0.0.1, one thread each (ranks run one per
+    Embedded: ``n_workers`` (default: one per core this process may use, its
+    container's CPU quota included, 2 to 8; 2 under JupyterHub or Binder) worker
+    processes on 127.0.0.1, each with a memory limit of an equal share of this
+    process's memory with one share left for the kernel, one thread each (ranks run one per
     worker; servers are actors on the workers' event loops and need no thread),
     dashboard on a free port of 127.0.0.1 (pass ``dashboard_address`` to choose), Dask's logs shown from level ERROR (``silence_logs``), and
     glibc told to reuse big buffers (see
@@ -266,8 +309,10 @@ def connect(
         "set_as_default": set_as_default,
     }
     if address is None:
+        n_workers = n_workers or _default_workers()
         options = {
-            "n_workers": n_workers or _default_workers(),
+            "n_workers": n_workers,
+            "memory_limit": _default_memory_limit(n_workers),
             "threads_per_worker": 1,
             "processes": True,
             "host": "127.0.0.1",
@@ -283,6 +328,11 @@ def connect(
         if security is not None:
             options.setdefault("security", security)
             options.setdefault("protocol", "tls://")
+        # labkv's dashboard pages: registered before the scheduler (in this
+        # process) builds its dashboard, so that it lists them (labkv.dashboard)
+        from ...dashboard import register_pages
+
+        register_pages()
         with dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}):
             cluster = _EmbeddedCluster(**options)
         target: Any = cluster
@@ -301,6 +351,13 @@ def connect(
     if address is not None and n_workers:
         client.wait_for_workers(n_workers, timeout=60)
     handle = ClusterHandle(client, cluster)
+    # labkv's records made on the workers (a rank's failover) reach this process
+    # as Dask forwards its own
+    client.forward_logging("labkv")
+    if cluster is not None:
+        from ...dashboard import _install_on_scheduler
+
+        client.run_on_scheduler(_install_on_scheduler)
     if upload:
         try:
             ship_labkv(handle)

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._interrupts import sigint_held
+from ..._log import logger
 from .._errors import ClusterError
 from .._options import StoreSpec
 from .._transport.dask import ActorLink, actor_address
@@ -109,6 +110,7 @@ class Replacer:
         incarnation = self.incarnations.get(rank, 0)
         resume = self._fence(rank, incarnation)
         self.emit("rank-lost", rank=rank, extra={"worker": lost_worker, "step": resume})
+        logger.warning("rank %d lost with Dask worker %s at step %s", rank, lost_worker, resume)
         if incarnation + 1 > self.max_restarts:
             raise ClusterError(
                 f"rank {rank} was lost {incarnation + 1} times (on_rank_loss='replace', "
@@ -137,6 +139,13 @@ class Replacer:
         }
         self.history.append({"rank": rank, **record})
         self.emit("rank-replaced", rank=rank, extra=record)
+        logger.info(
+            "rank %d replaced on Dask worker %s (incarnation %d), resuming at step %s",
+            rank,
+            worker,
+            incarnation + 1,
+            resume,
+        )
         return future, worker
 
     def drop(self, rank: int, lost_worker: str, ranks: int) -> None:
@@ -153,6 +162,9 @@ class Replacer:
             )
         extra = {"worker": lost_worker, "step": step, "ranks_left": live}
         self.emit("rank-dropped", rank=rank, extra=extra)
+        logger.warning(
+            "rank %d dropped (Dask worker %s lost); %d ranks go on", rank, lost_worker, live
+        )
 
     def _current_spec(self) -> StoreSpec:
         """The run's spec with the replicas of now: the lost worker's are gone, a

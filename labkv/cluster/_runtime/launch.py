@@ -16,6 +16,7 @@ from typing import Any
 
 import distributed
 
+from ..._log import logger
 from ..._types import SYNC_KINDS
 from .._errors import TIMEOUTS, ClusterError
 from .._events import topic_of
@@ -147,6 +148,14 @@ def start_servers(
         staleness=staleness,
         replicas=replicas,
         replica_members=members if replicas > 1 else [],
+    )
+    logger.info(
+        "store %s: %d %s server(s) started on %s (replicas %d)",
+        store_id,
+        num_servers,
+        kind,
+        ", ".join(addresses),
+        replicas,
     )
     return futures, actors, spec
 

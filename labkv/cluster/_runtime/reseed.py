@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from ..._log import logger
 from .._errors import ClusterError
 from .._rank.failover import ReplicatedLink
 from .._transport.dask import notebook_link
@@ -117,4 +118,16 @@ def replica_lost(
             extra = {"added": added}
         if added is not None or "error" in extra:  # None: no free worker, asked again later
             extra["replicas"] = link.replicas()
+            if added is not None:
+                logger.info(
+                    "store %s: server %d re-seeded on %s (replicas %s)",
+                    spec.store_id,
+                    link.sid,
+                    added,
+                    ", ".join(extra["replicas"]),
+                )
+            else:
+                logger.warning(
+                    "store %s: server %d not re-seeded: %s", spec.store_id, link.sid, extra["error"]
+                )
             events.emit("reseed", None, rank=rank, server=link.sid, extra=extra)

@@ -47,6 +47,7 @@ from .elastic import Replacer, check_on_rank_loss, check_shrink
 from .launch import check_cluster_args, start_servers
 from .links import new_store
 from .needs import modules_needed
+from .progress import Progress, progress_topic, step_reporter
 from .watch import _POLL_S, _stop_ranks, _watch
 
 # A call onto the rank's own worker loop (never waits on another process).
@@ -65,6 +66,7 @@ def _rank_main(
     detail: tuple[float, int] | None = None,
     incarnation: int = 0,
     inits_new_keys: bool = False,
+    progress: str | None = None,
 ) -> Any:
     """The task of one rank (its ``incarnation``-th replacement, 0: the first):
     build its store, run ``fn``, wait for its pushes. With ``detail`` (the
@@ -81,6 +83,8 @@ def _rank_main(
         inits_new_keys=inits_new_keys,
         incarnation=incarnation,
     )
+    if progress is not None:  # the run's topic of the ranks' steps
+        kv._steps.hooks.append(step_reporter(rank, progress, kv._steps))
     stop_stream = _stream_events(kv, *detail) if detail is not None else None
     try:
         result = fn(kv, *args, **kwargs)
@@ -155,6 +159,7 @@ def run(
     max_restarts: int = 3,
     replace_timeout: float = 60.0,
     seed: int = 0,
+    progress: bool = True,
 ) -> list[Any]:
     """Run ``fn(kv, *args, **kwargs)`` as ``num_workers`` ranks, one pinned
     Dask task per worker, all on the same servers; the results in rank order.
@@ -207,6 +212,9 @@ def run(
     comes, so the model learns from the other ranks' data only; a rank
     dividing by ``kv.num_workers`` still divides by the ranks it started
     with). ``seed`` seeds every ``step.rng``, with the rank and the step.
+    ``progress``: while the ranks loop over ``kv.steps(n)``, where the run is
+    (the slowest rank's step, of how many) shows as one line, on stderr in a
+    terminal and updated in place in a notebook; ``progress=False`` shows nothing.
 
     >>> from labkv.cluster import connect, run
     >>> def train(kv):
@@ -323,6 +331,7 @@ def run(
             detail,
             incarnation,
             shared and rank == 0,
+            topic,
             key=f"{_RANK_KEY}{group}-{rank}{again}",
             workers=[worker],
             allow_other_workers=False,
@@ -340,6 +349,8 @@ def run(
         made.append(Replacer(spec, servers, links, submit, handle.workers, emit, *limits))
         return made[-1]
 
+    topic = progress_topic(group) if progress else None
+    shown = Progress(client, topic, num_workers).start() if topic is not None else None
     futures = [submit(rank, 0, rank_workers[rank]) for rank in range(num_workers)]
     replace = replacer if on_rank_loss != "fail" else None
     ok = False
@@ -361,6 +372,8 @@ def run(
         _stop_ranks(handle, spec, servers, every, workers_of, type(exc).__name__)
         raise
     finally:
+        if shown is not None:
+            shown.close()
         if scheduler_gone(client) is None:  # else nothing is left to release
             if shared:
                 try:

@@ -23,6 +23,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerUploadFile, UploadFile
 
+from ..._log import logger
 from ..._version import __version__
 from .compat import by_value
 
@@ -77,12 +78,15 @@ def build_archive(directory: Path) -> Path:
 def upload_labkv(client: Any) -> None:
     """Put this process's labkv on the scheduler and every worker of ``client``'s
     cluster, and on every worker that joins later."""
+    address = client.scheduler.address
+    logger.info("uploading labkv to the scheduler and workers of %s", address)
     with tempfile.TemporaryDirectory(prefix="labkv-upload-") as tmp:
         path = str(build_archive(Path(tmp)))
         client.run_on_scheduler(_forget)
         client.run(_forget)
         client.register_plugin(SchedulerUploadFile(path, load=True), name=PLUGIN_NAME)
         client.register_plugin(UploadFile(path, load=True), name=PLUGIN_NAME)
+    logger.info("labkv uploaded to %s (and to every worker that joins)", address)
 
 
 def upload_module(client: Any, path: str) -> None:

@@ -1,0 +1,143 @@
+"""Progress of ``run``: the ranks' step loops (``for step in kv.steps(n)``) as
+one line that says where the run is, updated while the caller waits.
+
+Each rank reports its step at most twice a second, and at the end of each loop
+(:func:`step_reporter`, a hook of its :class:`~labkv.cluster._rank.steps.StepCounter`),
+with ``Worker.log_event`` on the run's own topic; the caller hears it through
+``Client.subscribe_topic`` and shows the slowest rank's step, which is where the
+run is: a line on stderr in a terminal (``\\r``, then a newline at the end), an
+HTML line updated in place in a notebook (one ``display`` updated by its id).
+A function without a step loop reports nothing and shows nothing.
+
+>>> lines = []
+>>> p = Progress(None, "t", ranks=2, show=lines.append)
+>>> p.heard((0.0, [0, 4, 10])); p.heard((0.0, [1, 3, 10])); p.draw()
+>>> lines[-1]
+'run: step 3 of 10, 2 ranks (slowest rank 1)'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._transport.scheduler import forget_topic
+
+__all__ = ["EVERY_S", "Progress", "progress_topic", "step_reporter"]
+
+#: a rank reports its step at most this often (and at each loop's end)
+EVERY_S = 0.5
+
+
+def progress_topic(group: str) -> str:
+    """The topic of a run's progress (``group``: the run's barrier group)."""
+    return f"labkv-progress-{group}"
+
+
+def step_reporter(rank: int, topic: str, counter: Any) -> Callable[[int, bool], None]:
+    """The step hook of a rank that sends ``[rank, step, steps]`` (``steps`` the
+    number its loops reach) on ``topic``."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    last = [0.0]
+
+    def report(number: int, _resumed: bool) -> None:
+        now = time.monotonic()
+        total = counter.total
+        if number >= total or now - last[0] >= EVERY_S:
+            last[0] = now
+            worker.log_event(topic, [rank, number, total])
+
+    return report
+
+
+def _in_notebook() -> bool:
+    shell = sys.modules.get("IPython")
+    if shell is None:
+        return False
+    try:
+        ip = shell.get_ipython()
+    except Exception:
+        return False
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+class Progress:
+    """The caller's side: hears the ranks' steps on ``topic`` and shows where the
+    run is (``show(line)``; by default stderr or the notebook)."""
+
+    def __init__(
+        self,
+        client: Any,
+        topic: str,
+        ranks: int,
+        show: Callable[[str], None] | None = None,
+    ):
+        self.client, self.topic, self.ranks = client, topic, ranks
+        self.at: dict[int, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+        self._drawn = 0.0
+        self._text = ""
+        self._display: Any = None
+        self._terminal = show is None and not _in_notebook()
+        self._show = show or (self._to_terminal if self._terminal else self._to_notebook)
+
+    def start(self) -> Progress:
+        self.client.subscribe_topic(self.topic, self.heard)
+        return self
+
+    def heard(self, event: tuple[float, Any]) -> None:
+        """A rank's report (the ``subscribe_topic`` handler)."""
+        rank, number, total = event[1]
+        with self._lock:
+            self.at[int(rank)] = (int(number), int(total))
+        if time.monotonic() - self._drawn >= EVERY_S:
+            self.draw()
+
+    def line(self) -> str:
+        with self._lock:
+            at = dict(self.at)
+        if not at:
+            return ""
+        slowest = min(at, key=lambda r: (at[r][0], r))
+        number, total = at[slowest]
+        who = f", {self.ranks} ranks (slowest rank {slowest})" if self.ranks > 1 else ""
+        return f"run: step {number} of {total}{who}"
+
+    def draw(self) -> None:
+        self._drawn = time.monotonic()
+        text = self.line()
+        if text and text != self._text:
+            self._text = text
+            self._show(text)
+
+    def _to_terminal(self, text: str) -> None:
+        sys.stderr.write("\r" + text)
+        sys.stderr.flush()
+
+    def _to_notebook(self, text: str) -> None:
+        from html import escape
+
+        from IPython.display import HTML, display
+
+        html = HTML(f"<code>{escape(text)}</code>")
+        if self._display is None:
+            self._display = display(html, display_id=True)
+        else:
+            self._display.update(html)
+
+    def close(self) -> None:
+        """Stop hearing; the last line shown stays (a terminal's ends with a newline)."""
+        with contextlib.suppress(Exception):  # the scheduler may be gone: run raises
+            self.client.unsubscribe_topic(self.topic)
+            # the scheduler keeps every topic's last events: drop the run's
+            self.client.run_on_scheduler(forget_topic, self.topic)
+        self.draw()
+        if self._terminal and self._text:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
