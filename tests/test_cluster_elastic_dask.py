@@ -227,10 +227,10 @@ def test_a_replay_that_pushed_other_bits_is_reported_by_run(spare, tmp_path):
             timeout=30,
             kwargs={"marker": str(tmp_path / "replayed")},
         )
-    # Each round's sum is the value (no updater), and a step's pull reads it as of
-    # the step's start: step 3 reads round 2, which kept rank 1's first push (1.0),
-    # not its replay's (2.0: the sum would be 3).
-    assert got[0] == [0.0, 2.0, 2.0, 2.0]
+    # Each round's sum is the value (no updater), and a pull after the step's push
+    # of "w" reads that push's round: round 2 kept rank 1's first push (1.0), not
+    # its replay's (2.0: the sum would be 3); round 3 has the replacement's 2.0.
+    assert got[0] == [2.0, 2.0, 2.0, 3.0]
 
 
 def test_the_replacement_killed_again_is_replaced_again(reference):
