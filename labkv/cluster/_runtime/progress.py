@@ -6,7 +6,9 @@ Each rank reports its step at most twice a second, and at the end of each loop
 with ``Worker.log_event`` on the run's own topic; the caller hears it through
 ``Client.subscribe_topic`` and shows the slowest rank's step, which is where the
 run is: a line on stderr in a terminal (``\\r``, then a newline at the end), an
-HTML line updated in place in a notebook (one ``display`` updated by its id).
+HTML line updated in place in a notebook (one ``display`` updated by its id), and
+on a stderr that is no terminal (a log file, CI) a whole line at most every
+``LOG_EVERY_S`` seconds and at the end, so a log has no carriage returns.
 A function without a step loop reports nothing and shows nothing.
 
 >>> lines = []
@@ -27,10 +29,12 @@ from typing import Any
 
 from .._transport.scheduler import forget_topic
 
-__all__ = ["EVERY_S", "Progress", "progress_topic", "step_reporter"]
+__all__ = ["EVERY_S", "LOG_EVERY_S", "Progress", "progress_topic", "step_reporter"]
 
 #: a rank reports its step at most this often (and at each loop's end)
 EVERY_S = 0.5
+#: on a stderr that is no terminal, a line at most this often (and at the end)
+LOG_EVERY_S = 10.0
 
 
 def progress_topic(group: str) -> str:
@@ -67,6 +71,13 @@ def _in_notebook() -> bool:
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
 
 
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
 class Progress:
     """The caller's side: hears the ranks' steps on ``topic`` and shows where the
     run is (``show(line)``; by default stderr or the notebook)."""
@@ -85,7 +96,14 @@ class Progress:
         self._text = ""
         self._display: Any = None
         self._terminal = show is None and not _in_notebook()
-        self._show = show or (self._to_terminal if self._terminal else self._to_notebook)
+        self._tty = self._terminal and _stderr_is_tty()
+        self._logged = -LOG_EVERY_S
+        if show is not None:
+            self._show = show
+        elif not self._terminal:
+            self._show = self._to_notebook
+        else:
+            self._show = self._to_terminal if self._tty else self._to_log
 
     def start(self) -> Progress:
         self.client.subscribe_topic(self.topic, self.heard)
@@ -109,15 +127,23 @@ class Progress:
         who = f", {self.ranks} ranks (slowest rank {slowest})" if self.ranks > 1 else ""
         return f"run: step {number} of {total}{who}"
 
-    def draw(self) -> None:
+    def draw(self, last: bool = False) -> None:
         self._drawn = time.monotonic()
         text = self.line()
         if text and text != self._text:
+            if self._show == self._to_log and not last:
+                if self._drawn - self._logged < LOG_EVERY_S:
+                    return
+                self._logged = self._drawn
             self._text = text
             self._show(text)
 
     def _to_terminal(self, text: str) -> None:
         sys.stderr.write("\r" + text)
+        sys.stderr.flush()
+
+    def _to_log(self, text: str) -> None:
+        sys.stderr.write(text + "\n")
         sys.stderr.flush()
 
     def _to_notebook(self, text: str) -> None:
@@ -137,7 +163,7 @@ class Progress:
             self.client.unsubscribe_topic(self.topic)
             # the scheduler keeps every topic's last events: drop the run's
             self.client.run_on_scheduler(forget_topic, self.topic)
-        self.draw()
-        if self._terminal and self._text:
+        self.draw(last=True)
+        if self._tty and self._text:
             sys.stderr.write("\n")
             sys.stderr.flush()
