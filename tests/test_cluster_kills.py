@@ -124,9 +124,19 @@ def _kill_one_after_another(tmp_path):
 
         runner = threading.Thread(target=disturbed, daemon=True)
         runner.start()
+
+        def ended():  # the run's own error, if it ended early, says more than a wait
+            assert "error" not in outcome, outcome.get("error")
+            return not runner.is_alive()
+
         for k in range(KILLS):
-            assert wait_until(healed, 120), f"not healed before kill {k}: {handle.workers()}"
-            assert wait_until(lambda k=k: reached(1 + k * LEG), 60), "the ranks did not go on"
+            assert wait_until(lambda: healed() or ended(), 120), (
+                f"not healed before kill {k}: {handle.workers()}"
+            )
+            assert wait_until(lambda k=k: reached(1 + k * LEG) or ended(), 60), (
+                "the ranks did not go on"
+            )
+            assert runner.is_alive(), "the run ended before its last step"
             ranks = _rank_workers(client)
             # Alternately a worker of servers only and a worker of a rank (and servers).
             pool = [w for w in handle.workers() if (w in ranks) == (k % 2 == 1)]

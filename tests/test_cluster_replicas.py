@@ -6,6 +6,7 @@ runs in well under a second."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -145,6 +146,131 @@ def test_two_losses_in_a_row_with_a_reseed_between_are_survived():
             np.testing.assert_array_equal(kv.pull("w"), local.pull("w"))
         assert kv._links[0].generation == 2
         assert c.group.replicas_of[0][2].primary  # the re-seeded replica
+
+
+def _seeded_mid_round_run(c, disturb=None):
+    """Two dist_sync ranks in a step loop on one server. With ``disturb``, in
+    step 2, a new replica is seeded from the primary while the round of "w" is
+    ``"open"`` (rank 0 pushed, rank 1 not yet) or ``"issued"`` (both pushed; the
+    update applied and sent, its entry held on its way to the backup); the ranks
+    learn of the new replica, then the primary and the old backup die: the new
+    replica, promoted, must complete the round once (an open round's pushes are
+    resent to it; an issued one is in its seed). Rank 0's values and states."""
+    size = 1 << 14  # a push sent at once, not held back for the rank's next call
+    armed, seeded, go = threading.Event(), threading.Event(), threading.Event()
+    at_step, learned = (
+        [threading.Event(), threading.Event()],
+        [threading.Event(), threading.Event()],
+    )
+    primary, backup = (c.group.name_of(sv) for sv in c.group.replicas_of[0][:2])
+
+    def loop(kv):
+        kv.init("w", np.zeros(size, np.float32))
+        if kv.rank == 0:
+            kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+        kv.barrier()
+        out = np.empty(size, np.float32)
+        for step in kv.steps(4):
+            kv.pull("w", out=out)
+            grad = 0.5 * out + step.rng.standard_normal(size).astype(np.float32)
+            if step.number != 2 or disturb is None:
+                kv.push("w", grad)
+                continue
+            at_step[kv.rank].set()
+            assert armed.wait(10)
+            if kv.rank == 0 or disturb == "issued":
+                kv.push("w", grad)
+            assert seeded.wait(10)
+            kv._links[0].refresh()  # learns the group (as from a reply of its new epoch)
+            learned[kv.rank].set()
+            assert go.wait(10)
+            if kv.rank == 1 and disturb == "open":
+                kv.push("w", grad)
+        kv.pull("w", out=out)
+        return out
+
+    def disturbing():
+        assert all(e.wait(10) for e in at_step)
+        held = None
+        if disturb == "issued":  # its entry (and every later one) waits on its way to the backup
+            held = c.group.host.delay("replicate", peer=backup, times=None)
+        armed.set()
+        rounds = c.group.replicas_of[0][0].rounds.rounds
+
+        def reached():
+            r = rounds.get("w")
+            if r is None or r.done != 2:
+                return False
+            return r.issued if disturb == "issued" else 0 in r.pending
+
+        assert wait_until(reached)
+        c.group.reseed(0)
+        seeded.set()
+        assert all(e.wait(10) for e in learned)
+        c.group.host.kill(primary)
+        c.group.host.kill(backup)
+        if held is not None:
+            held.release()
+        go.set()
+
+    fns = [lambda kv=kv: loop(kv) for kv in c.ranks]
+    if disturb is not None:
+        fns.append(disturbing)
+    outs = in_threads(*fns)
+    return [outs[0]], c.ranks[0]._optimizer_states()
+
+
+@pytest.mark.parametrize("disturb", ["open", "issued"])
+def test_a_replica_seeded_mid_round_completes_the_round_once_promoted(disturb):
+    with replicated("dist_sync", num_servers=1) as c:
+        want, want_states = _seeded_mid_round_run(c)
+    with replicated("dist_sync", num_servers=1) as c:
+        got, states = _seeded_mid_round_run(c, disturb)
+        assert c.group.replicas_of[0][2].primary  # the seeded replica took over
+    assert_same_run(got, states, want, want_states)
+
+
+def _replicas_named(c, sid):
+    """What the scheduler would list: every live replica of ``sid``, by name."""
+    return lambda s: [("in-process", c.group.name_of(sv)) for sv in c.group.servers_by_name(s)]
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_a_rank_that_has_not_heard_of_a_new_replica_finds_it_when_every_known_one_is_lost(
+    seeded,
+):
+    with replicated("dist_sync", num_servers=1, num_workers=1, replicas=2) as c:
+        (kv,) = c.ranks
+        kv.init("w", np.zeros(3, np.float32))
+        kv.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5, momentum=0.9))
+        local = labkv.create("local")
+        local.init("w", np.zeros(3, np.float32))
+        local.set_optimizer(labkv.optimizers.SGD(learning_rate=0.5, momentum=0.9))
+        link = kv._links[0]
+        link.find = _replicas_named(c, 0)
+        for step in range(6):
+            if step == 3:
+                if seeded:
+                    c.group.reseed(0)  # the rank's link hears nothing of it
+                else:  # a replica that joined the group and was never seeded
+                    g = c.group
+                    (late,) = g.start(g.make_server, [0], ["server-0-late"])
+                    members = [*g.members[0], ("in-process", "server-0-late")]
+                    g._on_loop([late.join_group(members, len(members) - 1, False)])
+                    g.replicas_of[0].append(late)
+                c.group.kill(0, 0)
+                c.group.kill(0, 1)
+                assert len(link.members) == 2
+            g = np.full(3, step + 1.0, np.float32)
+            if not seeded and step == 3:
+                with pytest.raises(ClusterError, match="server 0 is lost: every replica"):
+                    kv.push("w", g)
+                    kv.pull("w")
+                return
+            kv.push("w", g)
+            local.push("w", g)
+            np.testing.assert_array_equal(kv.pull("w"), local.pull("w"))
+        assert c.group.replicas_of[0][2].primary  # the replica seeded after the rank's reply
 
 
 def test_losing_every_replica_gives_the_lost_error_at_once():

@@ -55,7 +55,9 @@ class ReplicatedLink(ServerLink):
     """Server ``sid`` as its replicas ``members`` (``(address, actor key)``,
     primary first), each reached through ``make_link(sid, address, actor_key)``
     (or the given ``links``); ``alive(address)`` says whether the scheduler
-    still has a worker (None: only the member links' own news of a loss).
+    still has a worker (None: only the member links' own news of a loss);
+    ``find(sid)`` names the replicas of the server that the cluster holds now,
+    asked once every replica the link knows is lost (None: nobody to ask).
     :meth:`bind` tells it whose calls it carries, and who hears of its
     failovers."""
 
@@ -67,10 +69,11 @@ class ReplicatedLink(ServerLink):
         links: list[ServerLink] | None = None,
         *,
         alive: Callable[[str], bool] | None = None,
+        find: Callable[[int], list[tuple[str, str]]] | None = None,
     ):
         self.members = [Peer._make(m) for m in members]
         super().__init__(sid, self.members[0].address)
-        self.make_link, self.alive = make_link, alive
+        self.make_link, self.alive, self.find = make_link, alive, find
         if links is None:
             links = [make_link(sid, m.address, m.actor_key) for m in self.members]
         self.links = dict(zip(self.members, links, strict=True))
@@ -304,29 +307,66 @@ class ReplicatedLink(ServerLink):
                     lost = f"replica of server {self.sid} on {peer.address} is lost"
                     raise ServerLost(lost) from None
 
+    def _promote_next(self) -> tuple[int, list[tuple[str, str]]] | None:
+        """Promote the first live replica not known lost: the group it answers
+        with, or None when none is left. A replica that joined and has no seed
+        yet refuses (None): it holds no state to go on from."""
+        for candidate in [m for m in self.members if m not in self.gone]:
+            try:
+                lost = [tuple(m) for m in self.gone]
+                call = self.links[candidate].call("promote", lost)
+                answer = self._answer(candidate, call)
+            except Exception as exc:
+                if answered_by(exc) is not None:  # its own refusal, not its loss
+                    raise
+                answer = None
+            if answer is not None:
+                return answer
+            self.gone.append(candidate)
+        return None
+
+    def _learn_replicas(self) -> bool:
+        """Every replica this link knows is lost: learn the group from a replica
+        the cluster holds that it has not heard of (one seeded after this rank's
+        last reply); whether there is one to try."""
+        if self.find is None:
+            return False
+        try:
+            found = [Peer._make(p) for p in self.find(self.sid)]
+        except Exception:  # the scheduler did not answer: no news of a replica
+            return False
+        for peer in [p for p in found if p not in self.gone and p not in self.members]:
+            link = self.links.get(peer) or self.make_link(self.sid, peer.address, peer.actor_key)
+            self.links[peer] = link
+            try:
+                _, members = self._answer(peer, link.call("members"))
+            except Exception:
+                continue
+            known = [Peer._make(m) for m in members]
+            if any(m not in self.gone for m in known):
+                for m in known:
+                    if m not in self.links:
+                        self.links[m] = self.make_link(self.sid, m.address, m.actor_key)
+                self.members = known
+                return True
+        return False
+
     def _fail_over(self) -> None:
         old = self.members[0]
         self.gone.append(old)
         for m in self.members[1:]:
             if m not in self.gone and self.backup_gone(m):
                 self.gone.append(m)
-        for candidate in [m for m in self.members if m not in self.gone]:
-            try:
-                lost = [tuple(m) for m in self.gone]
-                call = self.links[candidate].call("promote", lost)
-                epoch, members = self._answer(candidate, call)
-            except Exception as exc:
-                if answered_by(exc) is not None:  # its own refusal, not its loss
-                    raise
-                self.gone.append(candidate)
-                continue
-            break
-        else:
+        promoted = self._promote_next()
+        if promoted is None and self._learn_replicas():
+            promoted = self._promote_next()
+        if promoted is None:
             gone = [m.address for m in dict.fromkeys(self.gone)]
             raise ServerLost(
                 f"server {self.sid} is lost: every replica of it is gone (Dask workers "
                 f"{gone}), with its keys' values and optimizer states"
             )
+        epoch, members = promoted
         self.adopt(epoch, members)
         if self.on_promoted is not None:
             self.on_promoted(self)

@@ -14,6 +14,7 @@ cluster=handle)``).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -61,12 +62,23 @@ def replicated_links(spec: Any, handle: Any, actors: list[Any] | None) -> list[R
             except Exception:
                 return True  # the scheduler did not answer: no news of a loss
 
+        def holding() -> dict[str, Any]:
+            return handle.client.has_what()
+
     else:
 
         def make(sid: int, address: str, key: str) -> ServerLink:
             return rank_link(sid, address, key, Server)
 
-        alive = _scheduler_alive()
+        alive, holding = _scheduler_alive(), _scheduler_holding()
+
+    def find(sid: int) -> list[tuple[str, str]]:
+        """The replicas of server ``sid`` that the scheduler lists now."""
+        if holding is None:
+            return []
+        named = re.compile(rf"labkv-server-{re.escape(spec.store_id)}-{sid}(-r\d+)?$")
+        found = holding()
+        return [(w, str(k)) for w, keys in found.items() for k in keys if named.match(str(k))]
 
     links = []
     num_servers = spec.num_servers
@@ -77,7 +89,7 @@ def replicated_links(spec: Any, handle: Any, actors: list[Any] | None) -> list[R
                 notebook_link(s, a, actors[r * num_servers + s], handle.client)
                 for r, (a, _) in enumerate(members)
             ]
-        links.append(ReplicatedLink(s, members, make, given, alive=alive))
+        links.append(ReplicatedLink(s, members, make, given, alive=alive, find=find))
     return links
 
 
@@ -98,6 +110,22 @@ def _scheduler_alive() -> Callable[[str], bool] | None:
         return address in workers
 
     return alive
+
+
+def _scheduler_holding() -> Callable[[], dict[str, Any]] | None:
+    """In a rank: the keys each worker holds, as the scheduler lists them (asked
+    through the rank's worker; a replica seeded after the rank's last reply is
+    found there)."""
+    worker = task_worker()
+    if worker is None:
+        return None
+    loop = worker_loop(worker)
+
+    def holding() -> dict[str, Any]:
+        ask = worker.scheduler.has_what()
+        return asyncio.run_coroutine_threadsafe(ask, loop).result(5)
+
+    return holding
 
 
 def store_links(

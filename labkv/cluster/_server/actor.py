@@ -238,10 +238,15 @@ class Server:
         return self.log.members()
 
     @answered
-    async def promote(self, lost: list[tuple[str, str]]) -> tuple[int, list[tuple[str, str]]]:
+    async def promote(
+        self, lost: list[tuple[str, str]]
+    ) -> tuple[int, list[tuple[str, str]]] | None:
         """Become the primary, the replicas in ``lost`` gone (idempotent: ranks that
         see the loss at once promote the same replica); the surviving backups are
-        re-seeded from this one (they may have applied an entry it has not)."""
+        re-seeded from this one (they may have applied an entry it has not). None
+        from a replica not seeded yet: it has no state to go on from."""
+        if not self.log.seeded:
+            return None
         if self.log.promote(lost):
             self.mode.promoted()
             self.updates.announce(self.log.me)

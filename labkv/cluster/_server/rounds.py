@@ -91,10 +91,13 @@ def failure_note(server: int, keys: list[Any], rounds: dict[Any, int] | None = N
 class Round:
     """dist_sync bookkeeping of one key on one server (see module doc)."""
 
-    __slots__ = ("done", "pending", "senders", "first_push", "failures")
+    __slots__ = ("done", "pending", "senders", "first_push", "failures", "issued")
 
     def __init__(self, done: int = 0) -> None:
         self.done = done  # completed rounds
+        # the open round's update is applied and sent to the backups, and waits
+        # for their acknowledgement to complete (see ``ReplicaLog.rounds_done``)
+        self.issued = False
         self.pending: dict[int, Any] = {}  # rank -> value pushed in round `done`
         self.senders: dict[str, int] = {}  # sender -> seq of its push in round `done`
         self.first_push: float | None = None
@@ -119,6 +122,7 @@ class Round:
             del self.failures[g]
         self.done += 1
         self.pending, self.senders, self.first_push = {}, {}, None
+        self.issued = False
 
     def report_to(self, sender: str) -> BaseException | None:
         """The earliest failure not yet reported to ``sender`` (once), or None."""
@@ -132,7 +136,9 @@ class Round:
 @dataclass
 class RoundsSnapshot:
     """:class:`SyncRounds` as a new replica takes it: each key's completed
-    rounds and the failures still owed (cloudpickled, as an updater's error may
+    rounds (a round whose update is applied and sent to the backups counts as
+    completed: the snapshot holds its update, and the new replica never gets its
+    log entry) and the failures still owed (cloudpickled, as an updater's error may
     be of a notebook's class: ``[(error, keys, untold, [(key, round)])]``, each
     failure once with every round it closed)."""
 
@@ -234,9 +240,15 @@ class SyncRounds:
                 low = seq
         return low
 
+    def waiting(self) -> list[tuple[Any, int]]:
+        """``(key, rank)`` of every push waiting in an open round whose update is
+        not issued yet (see :class:`RoundsSnapshot`)."""
+        rounds = self.rounds.items()
+        return [(key, rank) for key, r in rounds if not r.issued for rank in r.pending]
+
     def snapshot(self) -> RoundsSnapshot:
-        """Completed rounds and owed failures; open rounds are not taken (their
-        pushes are resent to a new primary).
+        """Completed rounds (an issued one among them) and owed failures; open
+        rounds are not taken (their pushes are resent to a new primary).
 
         >>> rounds = SyncRounds(num_workers=1)
         >>> rounds.add("w"); rounds.add("b")
@@ -252,7 +264,7 @@ class SyncRounds:
             for g, failure in r.failures.items():
                 failures.setdefault(id(failure), (failure, []))[1].append((key, g))
         owed = [(f.error, f.keys, f.untold, rounds) for f, rounds in failures.values()]
-        done = {k: r.done for k, r in self.rounds.items()}
+        done = {k: r.done + r.issued for k, r in self.rounds.items()}
         return RoundsSnapshot(self.num_workers, done, cloudpickle.dumps(owed))
 
     def restore(self, snap: RoundsSnapshot, server: int) -> None:

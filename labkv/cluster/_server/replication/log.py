@@ -184,6 +184,8 @@ class ReplicaLog:
         # The merged values travel by reference: the next round of these keys
         # cannot complete (and change them) before this entry is acknowledged.
         updates = [(k, self.shard.merged(k)) for k in keys]
+        for key in keys:  # a replica seeded before the acknowledgement has these rounds
+            self.rounds[key].issued = True
         self.issue(updates, pushes, lambda: [finish(k, None) for k in keys], marks=marks)
 
     def _round_marks(self, keys: list[Key]) -> list[tuple]:

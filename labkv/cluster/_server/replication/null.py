@@ -25,6 +25,7 @@ class NullLog:
     is acknowledged at once, replies are the payload alone."""
 
     primary = True
+    seeded = True  # it holds its whole state
     backups: tuple[Peer, ...] = ()
     issued = 0  # entries: nothing is logged
 

@@ -136,7 +136,7 @@ class Seeding:
             votes=self.kept.snapshot(),
             queues=self.queues.snapshot(),
             mode=self.mode.snapshot(),
-            steps=self.marks.snapshot(),
+            steps=self.marks.snapshot(waiting=self.rounds.waiting()),
             barriers=self.barriers.snapshot(),
             fences=self.fences.snapshot(),
             dropped=self.updates.gone,

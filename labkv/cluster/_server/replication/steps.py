@@ -19,7 +19,12 @@ replacement resumes at the first step some key lacks its push of
 
 Every replica keeps the same marks and values one round back: the log entries
 carry the marks (:attr:`~labkv.cluster._protocol.entries.Entry.marks`), and a
-backup keeps the value before it applies a round. Calls without a step
+backup keeps the value before it applies a round. A primary marks a dist_sync
+push as it joins its open round, before any entry holds it; a replica seeded
+meanwhile gets no open round (its pushes are resent to a new primary), so its
+seed carries, for each push waiting in an open round, the rank's mark before
+it (:meth:`StepMarks.snapshot`): else a new primary would take the resent push
+for a replay, skip it, and wait for that round forever. Calls without a step
 (outside ``kv.steps``, the notebook's) leave no mark and cost nothing here.
 
 >>> marks = StepMarks()
@@ -33,6 +38,7 @@ backup keeps the value before it applies a round. Calls without a step
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,16 +62,23 @@ class StepsSnapshot:
     digests: dict[tuple[Key, int], bytes] = field(default_factory=dict)
 
 
+#: a mark as :class:`StepMarks` keeps it: ``(step, number)``, and its digest
+_Mark = tuple[tuple[int, int], bytes]
+
+
 class StepMarks:
     """The step marks and values one round back of one server (see module doc)."""
 
-    __slots__ = ("last", "digests", "keys", "before", "replays", "mismatches")
+    __slots__ = ("last", "digests", "prior", "keys", "before", "replays", "mismatches")
 
     def __init__(self) -> None:
         # (key, rank) -> (step, number): the rank's last push of the key was in
         # that step, and joined the key's round (or dist_async update) number.
         self.last: dict[tuple[Key, int], tuple[int, int]] = {}
         self.digests: dict[tuple[Key, int], bytes] = {}  # (key, rank) -> its last push's
+        # (key, rank) -> the mark before the last (None: none), which a seed
+        # carries while the last push waits in an open round (see module doc)
+        self.prior: dict[tuple[Key, int], _Mark | None] = {}
         self.keys: set[Key] = set()  # the keys of ``last``
         # key -> (round, value before that round was applied): the last round only.
         self.before: dict[Key, tuple[int, Any]] = {}
@@ -81,8 +94,11 @@ class StepMarks:
         """``rank``'s push of ``key`` in ``step`` joined round (update) ``number``;
         its ``value``, or its digest ``sha`` (a backup's, from the log), is kept
         as a digest to check a replay against."""
-        self.last[(key, rank)] = (step, number)
-        self.digests[(key, rank)] = digest(value) if value is not None else sha
+        at = (key, rank)
+        seen = self.last.get(at)
+        self.prior[at] = None if seen is None else (seen, self.digests.get(at, b""))
+        self.last[at] = (step, number)
+        self.digests[at] = digest(value) if value is not None else sha
         self.keys.add(key)
 
     def replayed(self, key: Key, rank: int, step: int) -> bool:
@@ -187,17 +203,36 @@ class StepMarks:
     def clear(self) -> None:
         """Forget every mark (a new run on these servers numbers its steps anew)."""
         self.last, self.digests, self.keys, self.before = {}, {}, set(), {}
+        self.prior = {}
 
     def load(self) -> dict[str, Any]:
         return {"replayed": self.replays, "replay_mismatches": len(self.mismatches)}
 
-    def snapshot(self) -> StepsSnapshot:
+    def snapshot(self, waiting: Iterable[tuple[Key, int]] = ()) -> StepsSnapshot:
+        """The marks as a new replica takes them; ``waiting``: the ``(key, rank)``
+        whose last push waits in an open round, which the snapshot does not
+        hold: their marks before it.
+
+        >>> marks = StepMarks()
+        >>> marks.mark("w", rank=0, step=3, number=3); marks.mark("w", rank=0, step=4, number=4)
+        >>> marks.mark("b", rank=0, step=4, number=0)
+        >>> snap = marks.snapshot(waiting=[("w", 0), ("b", 0)])
+        >>> snap.last
+        {('w', 0): (3, 3)}
+        """
         before = {k: (n, host_copy(v)) for k, (n, v) in self.before.items()}
         last, digests, mismatches = dict(self.last), dict(self.digests), list(self.mismatches)
+        for at in waiting:
+            prior = self.prior.get(at)
+            if prior is None:
+                last.pop(at, None)
+                digests.pop(at, None)
+            else:
+                last[at], digests[at] = prior
         return StepsSnapshot(last, before, self.replays, mismatches, digests)
 
     def restore(self, snap: StepsSnapshot, device: Any) -> None:
-        self.last, self.digests = dict(snap.last), dict(snap.digests)
+        self.last, self.digests, self.prior = dict(snap.last), dict(snap.digests), {}
         self.keys = {k for k, _ in self.last}
         self.before = {
             k: (n, to_device(np.asarray(v), device)) for k, (n, v) in snap.before.items()
