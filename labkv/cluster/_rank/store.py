@@ -41,6 +41,7 @@ from .._placement import KeyIds, Piece
 from .._protocol.messages import decode_values, values_items
 from .._rows.placement import place_key
 from .._rows.rank import new_out, pull_rows
+from .._runtime.waits import announced
 from .._transport.base import ServerLink
 from . import split as messages
 from .calls import ACK_ABOVE, Calls
@@ -246,10 +247,12 @@ class DistStore(KVStore):
         self._settings.set_optimizer(optimizer)
 
     def _optimizer_states(self) -> tuple[int, dict, dict]:
-        return self._settings.optimizer_states()
+        with announced(f"reading the optimizer states of {self.num_servers} servers"):
+            return self._settings.optimizer_states()
 
     def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
-        self._settings.load_optimizer_states(num_update, counts, states)
+        with announced(f"loading optimizer states into {self.num_servers} servers"):
+            self._settings.load_optimizer_states(num_update, counts, states)
 
     def _residuals_committed(self, replaced: dict) -> None:
         self._settings.residuals_committed(replaced)
@@ -291,6 +294,14 @@ class DistStore(KVStore):
         ids = dict(zip(keys, self._ids.proposed(keys), strict=True))
         placed = {k: self._place(ids[k], tuple(a.shape), is_row_sparse(a)) for k, a in items}
         self._settings.check_updater(self._updater, placed)
+        mib = sum(int(getattr(a, "nbytes", 0)) for _, a in items) / 2**20
+        with announced(
+            f"initialising {len(items)} keys ({mib:.1f} MiB) on {self.num_servers} servers"
+        ):
+            self._init_placed(items, ids, placed)
+
+    def _init_placed(self, items: list[tuple[Key, Any]], ids: dict, placed: dict) -> None:
+        keys = [k for k, _ in items]
         if (self._owner and self._incarnation) or self._inits_new_keys:
             # a replacement (its lost one's keys are there), or rank 0 on the
             # notebook's store (the notebook's are): those checked, the others sent

@@ -29,6 +29,7 @@ from distributed.deploy.spec import SpecCluster
 
 from .._errors import ClusterError
 from .._transport.scheduler import _gone, raise_if_scheduler_gone
+from .waits import announced
 
 
 class ClusterHandle:
@@ -333,7 +334,10 @@ def connect(
         from ...dashboard import register_pages
 
         register_pages()
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}):
+        with (
+            announced(f"starting a local Dask cluster of {_workers(options['n_workers'])}"),
+            dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}),
+        ):
             cluster = _EmbeddedCluster(**options)
         target: Any = cluster
     else:
@@ -349,7 +353,8 @@ def connect(
             cluster.close()
         raise
     if address is not None and n_workers:
-        client.wait_for_workers(n_workers, timeout=60)
+        with announced(f"waiting for {_workers(n_workers)} of {address}"):
+            client.wait_for_workers(n_workers, timeout=60)
     handle = ClusterHandle(client, cluster)
     # labkv's records made on the workers (a rank's failover) reach this process
     # as Dask forwards its own
@@ -365,6 +370,10 @@ def connect(
             handle.close()
             raise
     return handle
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
 
 
 def _check_tls(address: str, security: Security | None) -> None:

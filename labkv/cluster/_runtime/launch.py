@@ -27,6 +27,7 @@ from .._placement import DEFAULT_BIGARRAY_BOUND
 from .._server.actor import Server
 from .._transport.dask import DaskHost
 from .connect import ClusterHandle
+from .waits import announced
 
 # How often a start that waits on its servers asks the scheduler whether their
 # workers are still there (a task pinned to a lost worker never runs, and a call
@@ -110,7 +111,10 @@ def start_servers(
     ]
     # The Actor handles bind to "the current client" when they are made; the
     # handle's client need not be Dask's default one (set_as_default=False).
-    with client.as_current():
+    copies = f" x {replicas} replicas" if replicas > 1 else ""
+    on = f"{len(workers)} worker" + ("s" if len(workers) > 1 else "")
+    starting = f"starting {num_servers} servers{copies} of {kind} on {on}"
+    with client.as_current(), announced(starting):
         try:
             _wait_started(handle, futures, where, store_id, timeout)
             actors = client.gather(futures)

@@ -21,13 +21,13 @@ A function without a step loop reports nothing and shows nothing.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .._transport.scheduler import forget_topic
+from .line import Line
 
 __all__ = ["EVERY_S", "LOG_EVERY_S", "Progress", "progress_topic", "step_reporter"]
 
@@ -60,24 +60,6 @@ def step_reporter(rank: int, topic: str, counter: Any) -> Callable[[int, bool], 
     return report
 
 
-def _in_notebook() -> bool:
-    shell = sys.modules.get("IPython")
-    if shell is None:
-        return False
-    try:
-        ip = shell.get_ipython()
-    except Exception:
-        return False
-    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
-
-
-def _stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):  # replaced or closed
-        return False
-
-
 class Progress:
     """The caller's side: hears the ranks' steps on ``topic`` and shows where the
     run is (``show(line)``; by default stderr or the notebook)."""
@@ -94,16 +76,8 @@ class Progress:
         self._lock = threading.Lock()
         self._drawn = 0.0
         self._text = ""
-        self._display: Any = None
-        self._terminal = show is None and not _in_notebook()
-        self._tty = self._terminal and _stderr_is_tty()
+        self._line = Line(show)
         self._logged = -LOG_EVERY_S
-        if show is not None:
-            self._show = show
-        elif not self._terminal:
-            self._show = self._to_notebook
-        else:
-            self._show = self._to_terminal if self._tty else self._to_log
 
     def start(self) -> Progress:
         self.client.subscribe_topic(self.topic, self.heard)
@@ -131,31 +105,12 @@ class Progress:
         self._drawn = time.monotonic()
         text = self.line()
         if text and text != self._text:
-            if self._show == self._to_log and not last:
+            if self._line.logs and not last:
                 if self._drawn - self._logged < LOG_EVERY_S:
                     return
                 self._logged = self._drawn
             self._text = text
-            self._show(text)
-
-    def _to_terminal(self, text: str) -> None:
-        sys.stderr.write("\r" + text)
-        sys.stderr.flush()
-
-    def _to_log(self, text: str) -> None:
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-
-    def _to_notebook(self, text: str) -> None:
-        from html import escape
-
-        from IPython.display import HTML, display
-
-        html = HTML(f"<code>{escape(text)}</code>")
-        if self._display is None:
-            self._display = display(html, display_id=True)
-        else:
-            self._display.update(html)
+            self._line.write(text)
 
     def close(self) -> None:
         """Stop hearing; the last line shown stays (a terminal's ends with a newline)."""
@@ -164,6 +119,4 @@ class Progress:
             # the scheduler keeps every topic's last events: drop the run's
             self.client.run_on_scheduler(forget_topic, self.topic)
         self.draw(last=True)
-        if self._tty and self._text:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self._line.end()

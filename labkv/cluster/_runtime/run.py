@@ -48,6 +48,7 @@ from .launch import check_cluster_args, start_servers
 from .links import new_store
 from .needs import modules_needed
 from .progress import Progress, progress_topic, step_reporter
+from .waits import progress_on
 from .watch import _POLL_S, _stop_ranks, _watch
 
 # A call onto the rank's own worker loop (never waits on another process).
@@ -159,7 +160,7 @@ def run(
     max_restarts: int = 3,
     replace_timeout: float = 60.0,
     seed: int = 0,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> list[Any]:
     """Run ``fn(kv, *args, **kwargs)`` as ``num_workers`` ranks, one pinned
     Dask task per worker, all on the same servers; the results in rank order.
@@ -214,7 +215,8 @@ def run(
     with). ``seed`` seeds every ``step.rng``, with the rank and the step.
     ``progress``: while the ranks loop over ``kv.steps(n)``, where the run is
     (the slowest rank's step, of how many) shows as one line, on stderr in a
-    terminal and updated in place in a notebook; ``progress=False`` shows nothing.
+    terminal and updated in place in a notebook; ``progress=False`` shows nothing
+    (default: Dask config ``labkv.progress``, True unless set).
 
     >>> from labkv.cluster import connect, run
     >>> def train(kv):
@@ -349,6 +351,8 @@ def run(
         made.append(Replacer(spec, servers, links, submit, handle.workers, emit, *limits))
         return made[-1]
 
+    if progress is None:
+        progress = progress_on()
     topic = progress_topic(group) if progress else None
     shown = Progress(client, topic, num_workers).start() if topic is not None else None
     futures = [submit(rank, 0, rank_workers[rank]) for rank in range(num_workers)]

@@ -26,6 +26,7 @@ from distributed.diagnostics.plugin import SchedulerUploadFile, UploadFile
 from ..._log import logger
 from ..._version import __version__
 from .compat import by_value
+from .waits import announced
 
 #: The plugin name both uploads register under (a later upload replaces it).
 PLUGIN_NAME = "labkv-upload"
@@ -80,7 +81,10 @@ def upload_labkv(client: Any) -> None:
     cluster, and on every worker that joins later."""
     address = client.scheduler.address
     logger.info("uploading labkv to the scheduler and workers of %s", address)
-    with tempfile.TemporaryDirectory(prefix="labkv-upload-") as tmp:
+    with (
+        announced(f"uploading labkv to the scheduler and workers of {address}"),
+        tempfile.TemporaryDirectory(prefix="labkv-upload-") as tmp,
+    ):
         path = str(build_archive(Path(tmp)))
         client.run_on_scheduler(_forget)
         client.run(_forget)
@@ -95,5 +99,6 @@ def upload_module(client: Any, path: str) -> None:
     so that uploading it again replaces the earlier upload. The scheduler goes
     first: a module it cannot import leaves no worker plugin behind."""
     name = f"labkv-module-{Path(path).name}"
-    client.register_plugin(SchedulerUploadFile(path, load=True), name=name)
-    client.register_plugin(UploadFile(path, load=True), name=name)
+    with announced(f"uploading {Path(path).name} to the scheduler and workers"):
+        client.register_plugin(SchedulerUploadFile(path, load=True), name=name)
+        client.register_plugin(UploadFile(path, load=True), name=name)
