@@ -1,6 +1,6 @@
-"""How long each course notebook's "Run All" takes, against its goals.
+"""How long each course notebook's "Run All" takes, and how much memory, against its goals.
 
-    python bench/runall.py [--repeat 1] [01 05b ...]
+    python bench/runall.py [--repeat 1] [--memory] [01 05b ...]
 
 Runs every notebook (or those whose name starts with one of the arguments)
 top to bottom in a fresh kernel with nbclient, as tests/test_notebooks.py
@@ -16,6 +16,15 @@ The browser's "Run All" (tests/browser/test_browser_course.py, which writes each
 notebook's seconds to ``artifacts/screenshots/<notebook>.json``) also draws the
 outputs; ``--browser-reports DIR`` prints those seconds against the same goals
 instead of running the notebooks here.
+
+``--memory`` also samples, every 0.2 s, the memory of the notebook's kernel and
+of every process below it (the embedded cluster's nannies and workers, a
+``dask scheduler`` / ``dask worker`` the notebook starts, the ranks' processes)
+and prints the peak of their sum against Binder's budget for one notebook
+(1 GiB of its 2 GiB: JupyterLab and the rest keep the other). The sum is of
+each process's PSS (``/proc/PID/smaps_rollup``): pages shared between the
+processes (numpy's and Python's libraries) are counted once in all, as a
+container's memory limit counts them, where RSS would count them in each.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import argparse
 import json
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
 #: The course's goal for one notebook's Run All on 2 cores.
 GOAL_S = 60.0
+#: Binder gives a notebook 2 GiB for everything; one notebook's share.
+MEMORY_GOAL_MIB = 1024.0
 ANNOUNCED = re.compile(r'Run All"? takes about (\d+) s')
 
 
@@ -43,8 +55,53 @@ def announced(path: Path) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def run_all(path: Path) -> float:
-    """Seconds to run the notebook top to bottom in a new kernel (kernel start excluded)."""
+def _children() -> dict[int, list[int]]:
+    below: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        below.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return below
+
+
+def tree_pss_mib(pid: int) -> float:
+    """The PSS of ``pid`` and every process below it, in MiB."""
+    below, todo, total_kib = _children(), [pid], 0
+    while todo:
+        process = todo.pop()
+        todo += below.get(process, [])
+        try:
+            rollup = Path(f"/proc/{process}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        total_kib += int(re.search(r"^Pss:\s+(\d+) kB", rollup, re.M).group(1))
+    return total_kib / 1024
+
+
+class PeakMemory:
+    """The peak of :func:`tree_pss_mib` of ``pid``, sampled on a thread."""
+
+    def __init__(self, pid: int, every: float = 0.2) -> None:
+        self.pid, self.every, self.peak = pid, every, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, tree_pss_mib(self.pid))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def run_all(path: Path, memory: bool = False) -> tuple[float, float | None]:
+    """Seconds to run the notebook top to bottom in a new kernel (kernel start
+    excluded), and with ``memory`` the peak MiB of its process tree."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
@@ -57,10 +114,15 @@ def run_all(path: Path) -> float:
         resources={"metadata": {"path": str(path.parent)}},
     )
     with client.setup_kernel():
+        sampler = PeakMemory(client.km.provisioner.pid) if memory else None
         start = time.perf_counter()
-        for index, cell in enumerate(nb.cells):
-            client.execute_cell(cell, index)
-        return time.perf_counter() - start
+        try:
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
+            seconds = time.perf_counter() - start
+        finally:
+            peak = sampler.stop() if sampler is not None else None
+    return seconds, peak
 
 
 def line(name: str, seconds: float, said: float | None) -> str:
@@ -75,10 +137,12 @@ def main() -> None:
     parser.add_argument("only", nargs="*", help="notebook name prefixes")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--browser-reports", type=Path, default=None)
+    parser.add_argument("--memory", action="store_true", help="also the peak memory")
     args = parser.parse_args()
     chosen = [p for p in NOTEBOOKS if not args.only or p.stem.startswith(tuple(args.only))]
-    over = 0
+    over = heavy = 0
     for path in chosen:
+        peak = None
         if args.browser_reports is not None:
             report = args.browser_reports / f"{path.stem}.json"
             if not report.exists():
@@ -86,10 +150,21 @@ def main() -> None:
                 continue
             seconds = json.loads(report.read_text())["seconds"]
         else:
-            seconds = min(run_all(path) for _ in range(args.repeat))
+            runs = [run_all(path, args.memory) for _ in range(args.repeat)]
+            seconds = min(s for s, _ in runs)
+            if args.memory:
+                peak = max(p for _, p in runs)
         over += seconds > GOAL_S
-        print(line(path.stem, seconds, announced(path)), flush=True)
+        text = line(path.stem, seconds, announced(path))
+        if peak is not None:
+            heavy += peak > MEMORY_GOAL_MIB
+            text += (
+                f"  peak {peak:5.0f} MiB {peak / MEMORY_GOAL_MIB:5.2f}x of {MEMORY_GOAL_MIB:.0f}"
+            )
+        print(text, flush=True)
     print(f"{over} of {len(chosen)} notebooks over the {GOAL_S:.0f} s goal")
+    if args.memory:
+        print(f"{heavy} of {len(chosen)} notebooks over the {MEMORY_GOAL_MIB:.0f} MiB goal")
     sys.exit(0)
 
 
