@@ -23,9 +23,11 @@ Choices made here, and why:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,7 +43,6 @@ from .._placement import KeyIds, Piece
 from .._protocol.messages import decode_values, values_items
 from .._rows.placement import place_key
 from .._rows.rank import new_out, pull_rows
-from .._runtime.waits import announced
 from .._transport.base import ServerLink
 from . import split as messages
 from .calls import ACK_ABOVE, Calls
@@ -53,6 +54,10 @@ from .streaming import Streaming
 
 if TYPE_CHECKING:
     from .._options import StoreSpec
+
+
+def _unannounced(what: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
 class DistStore(KVStore):
@@ -82,8 +87,11 @@ class DistStore(KVStore):
         release: Callable[[], None] | None = None,
         on_replica_lost: Callable[[DistStore, ReplicatedLink, str | None], None] | None = None,
         incarnation: int = 0,
+        announce: Callable[[str], AbstractContextManager[None]] | None = None,
     ):
         super().__init__(spec.kind, spec.name or spec.kind)
+        # what a long wait of the notebook's store says while it lasts (a rank's says nothing)
+        self._announce = announce or _unannounced
         self._id = spec.store_id
         self._spec, self._servers = spec, list(servers)
         self._rank, self._num_workers, self._owner = rank, num_workers, owner
@@ -247,11 +255,11 @@ class DistStore(KVStore):
         self._settings.set_optimizer(optimizer)
 
     def _optimizer_states(self) -> tuple[int, dict, dict]:
-        with announced(f"reading the optimizer states of {self.num_servers} servers"):
+        with self._announce(f"reading the optimizer states of {self.num_servers} servers"):
             return self._settings.optimizer_states()
 
     def _load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
-        with announced(f"loading optimizer states into {self.num_servers} servers"):
+        with self._announce(f"loading optimizer states into {self.num_servers} servers"):
             self._settings.load_optimizer_states(num_update, counts, states)
 
     def _residuals_committed(self, replaced: dict) -> None:
@@ -295,7 +303,7 @@ class DistStore(KVStore):
         placed = {k: self._place(ids[k], tuple(a.shape), is_row_sparse(a)) for k, a in items}
         self._settings.check_updater(self._updater, placed)
         mib = sum(int(getattr(a, "nbytes", 0)) for _, a in items) / 2**20
-        with announced(
+        with self._announce(
             f"initialising {len(items)} keys ({mib:.1f} MiB) on {self.num_servers} servers"
         ):
             self._init_placed(items, ids, placed)

@@ -37,6 +37,7 @@ from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
 from .launch import check_cluster_args, start_servers
 from .reseed import replica_lost
+from .waits import announced
 
 
 # -- building a store's links ----------------------------------------------------------------
@@ -185,6 +186,7 @@ def new_store(
         release=None if release is None else release_all,
         on_replica_lost=lost,
         incarnation=incarnation,
+        announce=announced if handle is not None else None,
     )
 
 
