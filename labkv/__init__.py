@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import lr_scheduler, optimizers, sparse
-from ._args import LengthMismatchError
 from ._arrays import array, full, ones, zeros
+from ._call.args import LengthMismatchError
 from ._types import LOCAL_KINDS, store_kind
 from ._version import PROTOCOL, __version__
 from .devices import Device, cpu, device_of, devices, gpu, num_gpus, to_device

@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ._interrupts import sigint_held
-from ._sparse_ops import gather, take_rows
+from ._call.interrupts import sigint_held
 from ._types import Key
 from .devices import Device, copy_into, cpu, device_of, empty_like, to_device
 from .optimizers import Optimizer
@@ -32,6 +31,7 @@ from .reduce import HomeDevices
 from .shard import Shard
 from .sparse import RowSparseArray, cast_storage
 from .sparse import zeros as sparse_zeros
+from .sparse._row_ops import gather, take_rows
 from .store import Items, KVStore
 
 

@@ -8,7 +8,7 @@ weight in place (``update``) with the key's learning rate and weight decay
 ``set_wd_mult``, as MXNet's ``_get_lr``/``_get_wd``). The code is written
 once for numpy and CuPy: arrays bring their own module. Hyper-parameters are cast to the weight's
 dtype before use, as MXNet's kernels do, so float32 results match MXNet's.
-The base class and the registry of names live in :mod:`labkv._optbase`.
+The base class and the registry of names live in :mod:`labkv._optim.optimizer_base`.
 
 >>> import numpy as np
 >>> opt = SGD(learning_rate=0.1, momentum=0.9)
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._optbase import Optimizer, _plus_epsilon, _zeros, create, register
+from ._optim.optimizer_base import Optimizer, _plus_epsilon, _zeros, create, register
 from .devices import array_module
 
 __all__ = [

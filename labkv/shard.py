@@ -33,12 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
-from ._sparse_ops import arange_rows, put_rows
 from ._types import Key
 from .devices import copy_into, device_of, empty, empty_like, on_device, to_device
 from .events import EventBus, summarize
 from .reduce import sum_into
 from .sparse import RowSparseArray, cast_storage, sum_rows
+from .sparse._row_ops import arange_rows, put_rows
 
 Updater = Callable[[Key, Any, Any], Any]
 

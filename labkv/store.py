@@ -23,27 +23,27 @@ from typing import Any
 
 import numpy as np
 
-from ._args import (
+from ._call.args import (
     LengthMismatchError,
     group,
     merge_repeated,
     normalize_key,
     normalize_keys,
 )
-from ._checks import Checks
-from ._reporting import Reporting
-from ._rows import row_id_lists
-from ._sparse_checks import check_push, dense_outs
-from ._sparse_ops import gather, take_rows
-from ._sparse_pull import fill_out, sliced_rows
+from ._call.reporting import Reporting
+from ._call.updating import Updating
+from ._call.validate import Checks
 from ._types import DIST_KINDS, Key
-from ._updating import Updating
 from .compression import GradientCompression
 from .devices import device_of
 from .events import EventBus
 from .optimizers import Optimizer
 from .shard import check_new_keys
 from .sparse import RowSparseArray
+from .sparse._fill_outs import fill_out, sliced_rows
+from .sparse._push_rules import check_push, dense_outs
+from .sparse._row_ids import row_id_lists
+from .sparse._row_ops import gather, take_rows
 
 Items = list[tuple[Key, list[Any]]]
 

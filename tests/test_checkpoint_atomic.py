@@ -95,7 +95,7 @@ def test_a_save_killed_midway_leaves_a_loadable_checkpoint(tmp_path):
             saver.kill()
             saver.wait(timeout=30)
             saver.stdout.close()
-        meta, arrays = labkv._statefile.load(path)
+        meta, arrays = labkv._optim.statefile.load(path)
         sizes = {a.size for a in arrays.values()}
         assert sizes in ({4}, {4 << 20}), sizes  # the old file or a whole new one
 
@@ -147,7 +147,7 @@ def test_the_temporaries_of_killed_saves_are_removed_by_the_next_save(tmp_path):
 HOLDER = textwrap.dedent(
     """
     import sys
-    from labkv._statefile import atomic_write
+    from labkv._optim.statefile import atomic_write
 
     with atomic_write(sys.argv[1]) as f:
         f.write(b"live")

@@ -34,9 +34,9 @@ def python_s_own_sigint_handler():
     section of labkv's holding Ctrl-C. In one whole-suite run an earlier test
     left SIGINT held or wrapped around another handler (every signal of these
     tests then went nowhere, not found since): said as a warning, and undone."""
-    from labkv import _interrupts
+    from labkv._call import interrupts
 
-    state = dict(_interrupts._state)
+    state = dict(interrupts._state)
     handler = signal.getsignal(signal.SIGINT)
     if (
         state["depth"]
@@ -48,7 +48,7 @@ def python_s_own_sigint_handler():
         )
     ):
         warnings.warn(f"SIGINT left by an earlier test: {state}, handler {handler!r}", stacklevel=1)
-    _interrupts._state.update(depth=0, pending=None, wrapped=signal.SIG_DFL)
+    interrupts._state.update(depth=0, pending=None, wrapped=signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, handler)

@@ -94,8 +94,8 @@ def test_a_user_key_named_num_update_keeps_its_count_through_a_state_file(handle
             np.testing.assert_array_equal(a, b)
         local.save_optimizer_states(tmp_path / "local")
         dist.save_optimizer_states(tmp_path / "dist")
-        from labkv import _statefile
+        from labkv._optim import statefile
 
-        assert _statefile.load(tmp_path / "dist")[0] == _statefile.load(tmp_path / "local")[0]
+        assert statefile.load(tmp_path / "dist")[0] == statefile.load(tmp_path / "local")[0]
     finally:
         dist.close()

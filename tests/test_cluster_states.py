@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import labkv
-from labkv import _statefile
+from labkv._optim import statefile
 from labkv.cluster import run
 
 
@@ -30,8 +30,8 @@ def test_states_from_all_servers_match_the_local_file(handle, tmp_path):
         assert len(kv.placement()["w"]) == 2
         for a, b in zip(local_values, dist_values):
             np.testing.assert_array_equal(a, b)
-        meta_l, arrays_l = _statefile.load(tmp_path / "local")
-        meta_d, arrays_d = _statefile.load(tmp_path / "dist")
+        meta_l, arrays_l = statefile.load(tmp_path / "local")
+        meta_d, arrays_d = statefile.load(tmp_path / "dist")
         key_order = [e["key"] for e in meta_l["keys"]]
         assert sorted(map(str, key_order)) == sorted(str(e["key"]) for e in meta_d["keys"])
         assert meta_d["num_update"] == meta_l["num_update"] == 3
@@ -69,7 +69,7 @@ def test_a_rank_saves_and_loads_the_servers_states(handle, tmp_path):
     path = tmp_path / "adam"
     a, b = run(_rank_saves, num_workers=2, cluster=handle, args=(str(path),))
     np.testing.assert_array_equal(a, b)
-    meta, arrays = _statefile.load(path)
+    meta, arrays = statefile.load(path)
     assert meta["keys"][0]["n"] == 2  # Adam: mean and variance
     np.testing.assert_array_equal(arrays["s0_0"].shape, (2,))
 

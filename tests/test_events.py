@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import labkv
-from labkv._tally import Columns, Tallies
 from labkv.events import COMPACT_AT, Event, EventBus, compact_rows, summarize
+from labkv.events._tally import Columns, Tallies
 
 
 def test_each_call_reports_its_events_in_order():
@@ -147,10 +147,12 @@ def test_a_slow_busy_key_still_gets_a_detailed_event_every_window(monkeypatch):
     # The bus's clock is stepped 1 ms per call, so a loaded machine cannot slow it.
     import types
 
-    import labkv._tally
+    import labkv.events._tally
 
     now = [1000.0]
-    monkeypatch.setattr(labkv._tally, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(
+        labkv.events._tally, "time", types.SimpleNamespace(monotonic=lambda: now[0])
+    )
     bus = EventBus("s")
     bus.subscribe(lambda e: None, detail_interval=0.2, detail_burst=1)
     detailed = 0

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import labkv
-from labkv._statefile import FORMAT
+from labkv._optim.statefile import FORMAT
 
 SHAPE = (3,)
 
@@ -142,7 +142,7 @@ def _hostile_files(tmp_path):
 
 def _states(kv, path) -> tuple:
     kv.save_optimizer_states(path)
-    meta, arrays = labkv._statefile.load(path)
+    meta, arrays = labkv._optim.statefile.load(path)
     return json.dumps(meta, sort_keys=True), {k: v.tobytes() for k, v in arrays.items()}
 
 

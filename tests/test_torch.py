@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 
 import labkv  # noqa: E402
 import labkv.torch as lkt  # noqa: E402
-from labkv._torch_keys import init_and_pull  # noqa: E402
-from labkv._torch_tensors import _cupy, pull_into, store_array  # noqa: E402
+from labkv.torch._param_names import init_and_pull  # noqa: E402
+from labkv.torch._tensors import _cupy, pull_into, store_array  # noqa: E402
 
 try:  # the rank functions below travel to the Dask workers by value
     import cloudpickle

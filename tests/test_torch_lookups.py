@@ -1,4 +1,4 @@
-"""``labkv.torch``'s per-lookup pulls (``labkv._torch_lookups``): an
+"""``labkv.torch``'s per-lookup pulls (``labkv.torch._lookups``): an
 ``nn.EmbeddingBag`` with offsets, per-sample weights that need the table for their
 gradient and a padding row, called twice in one step, against one process; pulls
 that carry their ``kv.steps`` step; what is refused, and what gets the whole table."""

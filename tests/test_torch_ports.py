@@ -1,6 +1,6 @@
 """Code ported from Horovod or BytePS: their spellings of DistributedOptimizer,
 broadcast_parameters, broadcast_optimizer_state and compression run on labkv,
-or are refused naming labkv's spelling (``labkv/_torch_args.py``)."""
+or are refused naming labkv's spelling (``labkv/torch/_ported_spellings.py``)."""
 
 from __future__ import annotations
 

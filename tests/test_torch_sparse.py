@@ -1,7 +1,7 @@
 """``labkv.torch`` with ``nn.Embedding(sparse=True)``: sparse gradients pushed as
-row-sparse values (``labkv._torch_sparse``), against torch's own SGD with sparse
+row-sparse values (``labkv.torch._sparse_grads``), against torch's own SGD with sparse
 gradients; 1, 2 and 3 ranks on dist_sync, each pulling its batch's rows before the
-lookup (``labkv._torch_lookups``), against one process on the full batch; the bytes
+lookup (``labkv.torch._lookups``), against one process on the full batch; the bytes
 the servers count grow with the rows touched; and what is refused, naming the option."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_one_rank_equals_torchs_own_sgd_with_sparse_gradients(update_on_kvstore,
     opt = lkt.DistributedOptimizer(
         sgd, labkv.create("local"), model.named_parameters(), update_on_kvstore, sparse_params=model
     )
-    # rows alone unless the servers' momentum moves every row (see labkv._torch_sparse)
+    # rows alone unless the servers' momentum moves every row (see labkv.torch._sparse_grads)
     lazy = momentum == 0 or not update_on_kvstore
     assert opt.sparse_pull == {"emb.weight": "rows" if lazy else "batch"}
     _train(model, opt, *_data())

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import labkv
 import labkv.cluster
-from labkv._round_records import RoundColumns
 from labkv.cluster._options import StoreSpec
 from labkv.cluster._protocol import entries as _entries
 from labkv.cluster._protocol import messages as _wire
 from labkv.cluster._protocol.methods import METHODS
 from labkv.cluster._server.actor import Server
 from labkv.cluster._transport import stream as _stream
+from labkv.events._round_records import RoundColumns
 
 ROOT = Path(__file__).resolve().parents[1]
 

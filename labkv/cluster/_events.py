@@ -68,7 +68,7 @@ def rank_detail(bus: EventBus, ranks: int) -> tuple[float, int]:
     (``bus.detail_interval``, ``bus.detail_burst``), its interval stretched so
     that all ranks together send as many detailed events as
     :data:`RANKS_IN_DETAIL` ranks would. Each rank's stream has its own budget
-    per op (``labkv/_tally.py``): at 64 ranks, 64 of them were more detail than
+    per op (``labkv/events/_tally.py``): at 64 ranks, 64 of them were more detail than
     any view shows, and cost the run more than its counts.
 
     >>> bus = ClusterBus("demo")
@@ -147,7 +147,7 @@ class EventStream:
             self.bus.flush()  # what was counted under the old settings
             sub.unsubscribe()
         # Each rank and server streams: one detailed slot's burst per op and interval
-        # each is plenty for the notebook's views (labkv/_tally.py).
+        # each is plenty for the notebook's views (labkv/events/_tally.py).
         self.bus.op_budget = 1
         self._sub = self.bus.subscribe(self._collect, detail_interval, detail_burst)
         if self._task is None:

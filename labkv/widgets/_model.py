@@ -239,7 +239,7 @@ class MonitorModel:
             self.changed.add(e.key)
 
     def _fold_round_columns(self, e: Event, columns: list[list[Any]]) -> None:
-        """A server's record of many keys' rounds (:mod:`labkv._round_records`),
+        """A server's record of many keys' rounds (:mod:`labkv.events._round_records`),
         folded without a dict per key: at 64 ranks a record may hold 500 keys,
         10 a second from each server."""
         fanin, keys, workers, server, when = (

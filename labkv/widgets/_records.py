@@ -15,9 +15,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._round_records import mask_ranks, ranks_mask
 from .._types import Key
 from ..events import Event
+from ..events._round_records import mask_ranks, ranks_mask
 
 __all__ = ["CHANGING_OPS", "UPDATER_OPS", "FanIn", "KeyClocks", "KeyStats", "ServerLoad"]
 
@@ -61,7 +61,7 @@ class KeyStats:
 class FanIn:
     """One key's latest ``dist_sync`` round, combined over the servers holding it:
     per server ``(time, round, num_workers, pushed, missing, waited_s, complete)``,
-    the ranks as bit masks (:func:`labkv._round_records.ranks_mask`; a tuple of
+    the ranks as bit masks (:func:`labkv.events._round_records.ranks_mask`; a tuple of
     numbers is one object the collector soon stops tracking, a dict of lists three)."""
 
     key: Key

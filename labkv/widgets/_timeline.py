@@ -1,6 +1,6 @@
 """The last seconds of the events as bars, one row per track: what the
 monitor's timeline plot draws (the same tracks and spans as a trace export,
-:mod:`labkv._trace`), with the newest event at 0 s.
+:mod:`labkv.events._trace`), with the newest event at 0 s.
 
 >>> from labkv.events import Event
 >>> from labkv.widgets._model import MonitorModel
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._trace import to_trace
 from ..events import per_key
+from ..events._trace import to_trace
 from ._model import MonitorModel
 
 __all__ = ["MAX_BARS", "MAX_TRACKS", "OP_COLORS", "fold_tracks", "timeline_bars", "timeline_view"]

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..._interrupts import sigint_held
+from ..._call.interrupts import sigint_held
 from .._errors import CallTimedOut, ClusterError
 from .._protocol.messages import Pull, Push, encode
 from .._protocol.packing import sealable
@@ -90,7 +90,7 @@ class Calls:
 
     def sending(self, what: str) -> _Sending:
         """A block that takes sequence numbers or hands pushes over: a SIGINT
-        is held until it ends (see :mod:`labkv._interrupts`); anything else that is
+        is held until it ends (see :mod:`labkv._call.interrupts`); anything else that is
         not an ``Exception`` escaping it closes the calls, since a number may
         have been taken and not sent."""
         return _Sending(self, what)

@@ -23,7 +23,7 @@ were applied before it was lost.
 end of a loop: ``hook(number, resumed)``, ``number`` the step that starts (the
 one after the loop at its end), ``resumed`` once, where a replacement resumes
 (a :class:`labkv.torch.DistributedOptimizer` keeps and restores there what the
-store does not hold, see :mod:`labkv._torch_resume`).
+store does not hold, see :mod:`labkv.torch._resume`).
 
 Barriers are numbered ``(phase, n)``, the ``n``-th of a phase: ``2s + 2``
 inside step ``s``, ``2k + 1`` after ``k`` steps, outside any loop (1 before

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._sparse_ops import take_rows
 from ...sparse import RowSparseArray
+from ...sparse._row_ops import take_rows
 
 Lookup = Callable[[Any], tuple[Any, tuple[int, ...]]]
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..._interrupts import sigint_held
+from ..._call.interrupts import sigint_held
 from ..._log import logger
 from .._errors import ClusterError
 from .._options import StoreSpec

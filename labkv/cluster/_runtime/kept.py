@@ -1,6 +1,6 @@
 """State a rank keeps in its process for another rank's replacement: what the
 servers do not hold but every rank holds alike (a torch optimizer's weights and
-state with ``update_on_kvstore=False``, see :mod:`labkv._torch_resume`), kept as
+state with ``update_on_kvstore=False``, see :mod:`labkv.torch._resume`), kept as
 of the start of the rank's current step, and taken by a replacement from a live
 rank at its resume step (``run(..., on_rank_loss="replace")``).
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import distributed
 
-from ..._interrupts import sigint_held
+from ..._call.interrupts import sigint_held
 from .._errors import ClusterError, ServerLost
 from .._options import StoreSpec
 from .._transport.dask import ActorLink, actor_address

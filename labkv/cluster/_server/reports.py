@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..._round_records import RoundColumns, ranks_mask
 from ..._types import Key
 from ...events import COMPACT_AT, EventBus, round_extra
+from ...events._round_records import RoundColumns, ranks_mask
 from ...shard import Shard
 from .clocks import Clocks
 from .keys import KeyTable

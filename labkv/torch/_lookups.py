@@ -61,8 +61,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._torch_sparse import pull_rows_into
-from ._torch_tensors import pull_into
+from ._sparse_grads import pull_rows_into
+from ._tensors import pull_into
 
 _KINDS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 

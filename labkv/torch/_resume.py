@@ -79,12 +79,12 @@ class Resume:
             if self.optimizer.update_on_kvstore:
                 self.pull_weights()
             else:
-                from .cluster._runtime.kept import take
+                from ..cluster._runtime.kept import take
 
                 rank = self.kvstore.rank
                 self._restore(take(self.run, number, rank, self.timeout, _WHAT))
         if self.keeps:
-            from .cluster._runtime.kept import keep
+            from ..cluster._runtime.kept import keep
 
             keep(self.run, self.kvstore.rank, number, self._state())
 

@@ -6,19 +6,19 @@ Importing :mod:`labkv` never imports torch; this module does. Keys are the
 parameters' names, so the monitor shows a torch run like any other. Tensors
 travel without a copy where memory allows (numpy views of CPU tensors, CuPy
 views of CUDA ones through DLPack); float16 and bfloat16 travel and are stored
-as float32 (see :mod:`labkv._torch_tensors`). With ``update_on_kvstore=True``
+as float32 (see :mod:`labkv.torch._tensors`). With ``update_on_kvstore=True``
 the servers run labkv's (MXNet's) SGD, NAG or Adam: where their numbers differ
-from torch's, and what is refused, is in :mod:`labkv._torch_optim`. Sparse gradients
+from torch's, and what is refused, is in :mod:`labkv.torch._server_optimizer`. Sparse gradients
 (``nn.Embedding(sparse=True)``, named with ``sparse_params``) travel as their rows,
 and each lookup pulls the rows it reads first, so a step moves the rows a batch
-touches, not the table (:mod:`labkv._torch_sparse`, :mod:`labkv._torch_lookups`).
+touches, not the table (:mod:`labkv.torch._sparse_grads`, :mod:`labkv.torch._lookups`).
 
 Inside ``for step in kv.steps(n)`` of ``labkv.cluster.run(..., on_rank_loss="replace")``
 on a dist_sync store, a lost rank's replacement resumes bit-identically in both
 ``update_on_kvstore`` modes: the weights come from the servers (``True``) or from a
 live rank's copy of the weights and torch optimizer state (``False``); what neither
 holds (module buffers, an lr scheduler's count, torch's random generator) is not
-restored (:mod:`labkv._torch_resume`).
+restored (:mod:`labkv.torch._resume`).
 
 >>> import torch, labkv, labkv.torch as lkt
 >>> _ = torch.manual_seed(0)
@@ -45,14 +45,10 @@ from typing import Any
 
 import torch
 
-from ._torch_args import (
-    Compression,
-    broadcast_store,
-    compression_params,
-    optimizer_store,
-    plain_signature,
-)
-from ._torch_keys import (
+from .._types import ASYNC_KINDS, SSP_KINDS, store_kind
+from ..compression import GradientCompression
+from ._lookups import BatchPulls, lookup_modules
+from ._param_names import (
     Named,
     check_keys,
     check_unclaimed,
@@ -62,10 +58,16 @@ from ._torch_keys import (
     named_tensors,
     param_names,
 )
-from ._torch_lookups import BatchPulls, lookup_modules
-from ._torch_optim import hyperparameters, server_optimizer
-from ._torch_resume import Resume
-from ._torch_sparse import (
+from ._ported_spellings import (
+    Compression,
+    broadcast_store,
+    compression_params,
+    optimizer_store,
+    plain_signature,
+)
+from ._resume import Resume
+from ._server_optimizer import hyperparameters, server_optimizer
+from ._sparse_grads import (
     SparseParams,
     check_sparse_options,
     grad_rows,
@@ -74,10 +76,8 @@ from ._torch_sparse import (
     server_is_lazy,
     sparse_names,
 )
-from ._torch_state import broadcast_state
-from ._torch_tensors import pull_into, store_array
-from ._types import ASYNC_KINDS, SSP_KINDS, store_kind
-from .compression import GradientCompression
+from ._state_broadcast import broadcast_state
+from ._tensors import pull_into, store_array
 
 __all__ = [
     "Compression",
@@ -95,7 +95,7 @@ def broadcast_parameters(model_or_state_dict: Any, kvstore: Any = None, root_ran
     rule: rank 0 of a run), then every rank pulls it; a name in the store already
     (a DistributedOptimizer's weights) is pulled as it is. ``root_rank`` is
     Horovod's and BytePS's: 0 (also as their second positional argument); another
-    root, or no store, is refused naming why (:mod:`labkv._torch_args`).
+    root, or no store, is refused naming why (:mod:`labkv.torch._ported_spellings`).
 
     >>> import torch, labkv
     >>> model = torch.nn.Linear(2, 1)
@@ -165,7 +165,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
       gradients on a dist store, where it is ``True`` (MXNet's Trainer's rule).
     - ``update_on_kvstore=True``: the servers run ``optimizer``'s step (SGD with
       momentum, weight decay or Nesterov, and Adam, translated with the same
-      hyper-parameters; see :mod:`labkv._torch_optim` for where the formulas
+      hyper-parameters; see :mod:`labkv.torch._server_optimizer` for where the formulas
       differ and what is refused), the ranks push gradients and ``step()`` pulls
       the weights into the parameters. Param groups may differ in ``lr`` and
       ``weight_decay`` (per-key multipliers on the servers), not in the other
@@ -186,7 +186,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     is no compression, as Horovod's and BytePS's; their ``fp16`` is refused).
     Horovod's and BytePS's positional order works too: the second argument may
     be ``named_parameters`` (``model.named_parameters()``), the store then
-    third (:mod:`labkv._torch_args`).
+    third (:mod:`labkv.torch._ported_spellings`).
     With ``backward_passes_per_step=N`` a gradient is pushed after its N-th
     backward pass (torch sums the passes); ``step()`` pushes what is left.
 
@@ -199,7 +199,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``step()`` pulls none; with one rank and SGD, ``step()`` pulls the rows
     pushed (:attr:`sparse_pull`; the whole table on this rank: :meth:`pull_tables`
     or the module's ``state_dict()``; the rules, and what sparse gradients refuse,
-    naming the option: :mod:`labkv._torch_sparse`, :mod:`labkv._torch_lookups`).
+    naming the option: :mod:`labkv.torch._sparse_grads`, :mod:`labkv.torch._lookups`).
 
     >>> import torch, labkv
     >>> w = torch.nn.Parameter(torch.ones(2))
@@ -277,8 +277,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._passes: dict[str, int] = {}
         self._pushed: dict[str, torch.Tensor] = {}
         # Sparse keys: the rows each pushed since the last step, and whether a step
-        # pulls those rows alone (see labkv._torch_sparse), or each lookup its rows
-        # (labkv._torch_lookups), or the step the whole table.
+        # pulls those rows alone (see labkv.torch._sparse_grads), or each lookup its rows
+        # (labkv.torch._lookups), or the step the whole table.
         self._sparse, self._rows = sparse, {}
         self._rows_only = not update_on_kvstore or (kvstore.num_workers == 1 and lazy)
         init_and_pull(kvstore, names, tensors, sparse)
@@ -315,7 +315,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the rows this rank pushed, all that changed: one rank, SGD without momentum,
         or torch stepping) or ``'table'`` (a step pulls the whole table: parameters
         given without their module, or tied to another one). Why:
-        :mod:`labkv._torch_sparse`, :mod:`labkv._torch_lookups`.
+        :mod:`labkv.torch._sparse_grads`, :mod:`labkv.torch._lookups`.
 
         >>> import torch, labkv
         >>> emb = torch.nn.Embedding(10, 2, sparse=True)

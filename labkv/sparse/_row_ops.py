@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .devices import Device, device_of, empty, is_cupy, on_device, to_device
+from ..devices import Device, device_of, empty, is_cupy, on_device, to_device
 
 
 def zeros_on(shape: tuple[int, ...], dtype: Any, device: Device) -> Any:

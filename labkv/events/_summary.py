@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .devices import array_module, device_of, is_cupy, on_device, to_device
+from ..devices import array_module, device_of, is_cupy, on_device, to_device
 
 __all__ = ["summarize", "summarize_sum"]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _sparse_ops as ops
-from .devices import Device, as_array, cpu, device_of, is_cupy, on_device, to_device
+from ..devices import Device, as_array, cpu, device_of, is_cupy, on_device, to_device
+from . import _row_ops as ops
 
 __all__ = ["RowSparseArray", "cast_storage", "is_row_sparse", "retain", "row_sparse_array", "zeros"]
 

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _optstates
-from ._types import Key
-from .compression import GradientCompression
-from .optimizers import Optimizer
-from .optimizers import create as create_optimizer
+from .._optim import optimizer_states
+from .._types import Key
+from ..compression import GradientCompression
+from ..optimizers import Optimizer
+from ..optimizers import create as create_optimizer
 
 
 class Updating:
@@ -116,7 +116,7 @@ class Updating:
             raise RuntimeError("no optimizer is set: call set_optimizer first")
         num_update, counts, states = self._optimizer_states()
         config = self._optimizer.to_config() if dump_optimizer else None
-        _optstates.save(fname, config, num_update, counts, states)
+        optimizer_states.save(fname, config, num_update, counts, states)
 
     def load_optimizer_states(self, fname: str | os.PathLike) -> None:
         """Load states saved by :meth:`save_optimizer_states`. If the file
@@ -126,7 +126,7 @@ class Updating:
         keeps, their shapes and float dtypes against the value's; only the
         members needed are read, each no bigger than its header says; a
         refusal is a ``ValueError`` naming the file, the key and the field."""
-        loaded = _optstates.load(fname, dict(self._meta), self._optimizer)
+        loaded = optimizer_states.load(fname, dict(self._meta), self._optimizer)
         optimizer, num_update, counts, states = loaded
         if optimizer is not self._optimizer:
             self.set_optimizer(optimizer)

@@ -22,8 +22,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ._types import Key
-from .sparse import RowSparseArray
+from .._types import Key
+from . import RowSparseArray
 
 #: MXNet 1.9.1's message (kvstore_dist.h) for a compressed row-sparse push.
 COMPRESSION_REFUSED = "Gradient compression for row sparse storage type is not supported"

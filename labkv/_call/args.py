@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ._types import Key
-from .devices import as_array, is_cupy
-from .sparse import RowSparseArray
+from .._types import Key
+from ..devices import as_array, is_cupy
+from ..sparse import RowSparseArray
 
 
 class LengthMismatchError(ValueError, TypeError):

@@ -53,8 +53,8 @@ from typing import Any
 
 import torch
 
-from . import optimizers
-from ._types import SYNC_KINDS
+from .. import optimizers
+from .._types import SYNC_KINDS
 
 #: Per supported torch optimizer, the options that decide the servers' optimizer.
 OPTIONS: dict[type, tuple[str, ...]] = {
@@ -192,7 +192,7 @@ def server_optimizer(
     ``names`` are the keys of ``optimizer``'s parameters in its param groups'
     order (default ``"param.<i>"``); those of frozen parameters get no multiplier.
     ``lazy_update`` goes to labkv's SGD (row-sparse gradients: only their rows
-    change; ``False``: every row, torch's sparse momentum, see :mod:`labkv._torch_sparse`)."""
+    change; ``False``: every row, torch's sparse momentum, see :mod:`labkv.torch._sparse_grads`)."""
     cls = _supported(optimizer)
     _check_other_options(optimizer, cls)
     groups = hyperparameters(optimizer)

@@ -26,7 +26,7 @@
     torch's buffer moves every row it ever held (the servers then run SGD with
     ``lazy_update=False``, torch's numbers). So, as MXNet's sparse training, each
     lookup pulls the rows of its ids before it reads them and ``step()`` pulls
-    none: the bytes follow the rows a batch touches (:mod:`labkv._torch_lookups`).
+    none: the bytes follow the rows a batch touches (:mod:`labkv.torch._lookups`).
   - ``'table'``: parameters given without their module (no lookup to hook), or a
     weight another module reads too: ``step()`` pulls the whole table, as
     MXNet's Trainer pulls a dense weight with sparse gradients.
@@ -63,10 +63,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import sparse
-from ._torch_tensors import HALF, store_array
-from ._types import DIST_KINDS, store_kind
-from .devices import Device, cpu, gpu, is_cupy
+from .. import sparse
+from .._types import DIST_KINDS, store_kind
+from ..devices import Device, cpu, gpu, is_cupy
+from ._tensors import HALF, store_array
 
 #: MXNet 1.9.1's message (gluon/trainer.py) for update_on_kvstore=False with sparse gradients.
 MXNET_REFUSAL = (

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from . import lr_scheduler as _lr
-from ._sparse_ops import cast, put_rows, take_rows
-from .devices import array_module, device_of, to_device
+from .. import lr_scheduler as _lr
+from ..devices import array_module, device_of, to_device
+from ..sparse._row_ops import cast, put_rows, take_rows
 
 _REGISTRY: dict[str, type[Optimizer]] = {}
 

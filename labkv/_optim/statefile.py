@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .devices import is_cupy
+from ..devices import is_cupy
 
 try:
     import fcntl
@@ -199,7 +199,7 @@ class StateFile:
     ...     f.array("s0_0", (4,))
     Traceback (most recent call last):
     ...
-    labkv._statefile.StateFileError: ...: member 's0_0' holds shape (3,), not (4,)
+    labkv._optim.statefile.StateFileError: ...: member 's0_0' holds shape (3,), not (4,)
     """
 
     def __init__(self, path: str | os.PathLike):

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._torch_tensors import pull_into, store_array, wire_dtype
-from .sparse import RowSparseArray
+from ..sparse import RowSparseArray
+from ._tensors import pull_into, store_array, wire_dtype
 
 Named = Iterable[tuple[str, torch.Tensor]]
 

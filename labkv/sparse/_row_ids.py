@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ._args import LengthMismatchError
-from ._types import Key
-from .devices import is_cupy
+from .._call.args import LengthMismatchError
+from .._types import Key
+from ..devices import is_cupy
 
 
 def row_indices(key: Key, row_ids: Any, num_rows: int) -> np.ndarray:

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _statefile
-from ._types import Key
+from .._types import Key
+from . import statefile
 
 
 def save(
@@ -32,14 +32,14 @@ def save(
     meta: dict[str, Any] = {"keys": [], "optimizer": config, "num_update": num_update}
     arrays = {}
     for i, (k, state) in enumerate(states.items()):
-        entry = {"key": _statefile.encode_key(k), "count": counts.get(k, 0), "n": len(state)}
+        entry = {"key": statefile.encode_key(k), "count": counts.get(k, 0), "n": len(state)}
         meta["keys"].append(entry)
         for j, array in enumerate(state):
             arrays[f"s{i}_{j}"] = array
     for k, count in counts.items():
         if k not in states:
-            meta["keys"].append({"key": _statefile.encode_key(k), "count": count, "n": None})
-    _statefile.save(fname, meta, arrays)
+            meta["keys"].append({"key": statefile.encode_key(k), "count": count, "n": None})
+    statefile.save(fname, meta, arrays)
 
 
 def load(
@@ -52,10 +52,10 @@ def load(
     the optimizer that will use them: the file's, when it holds its settings,
     else ``optimizer`` (the store's; None: refused). Each key's states must be
     as many as that optimizer keeps, float arrays of the value's shape; every
-    refusal names the file, the key and the field (see :mod:`._statefile`)."""
-    from .optimizers import Optimizer
+    refusal names the file, the key and the field (see :mod:`.statefile`)."""
+    from ..optimizers import Optimizer
 
-    with _statefile.StateFile(fname) as f:
+    with statefile.StateFile(fname) as f:
         meta = f.meta
         config = meta.get("optimizer")
         if config:
@@ -101,13 +101,13 @@ def load(
     return optimizer, num_update, counts, states
 
 
-def _natural(f: _statefile.StateFile, value: Any, field: str) -> int:
+def _natural(f: statefile.StateFile, value: Any, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise f.error(f"field {field!r} is {value!r}, not a count")
     return value
 
 
-def _key(f: _statefile.StateFile, encoded: Any, where: str) -> Key:
+def _key(f: statefile.StateFile, encoded: Any, where: str) -> Key:
     try:
         kind, key = encoded
         if (kind, type(key)) in (("int", int), ("str", str)):

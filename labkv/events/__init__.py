@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .._types import Key
+from ..devices import device_of
 from ._round_records import mask_ranks
 from ._summary import summarize, summarize_sum
 from ._tally import SPENT, Columns, Tallies
 from ._trace import export_trace, to_trace
-from ._types import Key
-from .devices import device_of
 
 __all__ = [
     "COMPACT_AT",
@@ -119,7 +119,7 @@ COMPACT_AT = 8
 def round_rows(event: Event) -> list[tuple[Key, dict[str, Any]]]:
     """``(key, extra)`` of each dist_sync round a ``round`` event reports: a
     server's record of many keys' rounds (``key`` None, ``extra["round_columns"]``
-    as :class:`labkv._round_records.RoundColumns` makes them, or ``extra["rounds"]``
+    as :class:`labkv.events._round_records.RoundColumns` makes them, or ``extra["rounds"]``
     of ``[key, round, pushed, missing, waited_s, complete]`` rows), or one key's round.
 
     >>> e = Event(0, 1.0, "dist_sync", "round", None, server=0, extra={"num_workers": 2,
@@ -176,7 +176,7 @@ def compact_rows(event: Event) -> list[tuple[Key, int, int, dict[str, float] | N
     (:meth:`EventBus.flush`), or of the one key of any other event.
 
     The first call of the first 4 keys had a detailed event (the op's budget, see
-    ``labkv/_tally.py``), every other call was only counted:
+    ``labkv/events/_tally.py``), every other call was only counted:
 
     >>> bus = EventBus("s"); got = []
     >>> _ = bus.subscribe(got.append, detail_interval=60)
@@ -344,7 +344,7 @@ class EventBus:
         (the caller then emits it with that ``count`` and ``nbytes``), ``None`` when
         it was only counted. The one method a store reports its calls through; the
         bus counts busy calls of one array without reading the clock (see
-        ``labkv/_tally.py``). Call it only when :attr:`active`.
+        ``labkv/events/_tally.py``). Call it only when :attr:`active`.
 
         >>> bus = EventBus("s")
         >>> _ = bus.subscribe(lambda e: None, detail_interval=60)
@@ -375,7 +375,7 @@ class EventBus:
     @property
     def op_budget(self) -> int:
         """Per op, at most ``detail_burst`` x this many detailed events in every
-        ``detail_interval``, whatever the keys (see ``labkv/_tally.py``): 4 by
+        ``detail_interval``, whatever the keys (see ``labkv/events/_tally.py``): 4 by
         default; a cluster's event streams set 1 (each rank and server streams)."""
         return self._tallies.op_budget
 

@@ -78,7 +78,7 @@ def to_trace(
     >>> [(e["ph"], e["pid"], e["args"]["round"]) for e in t["traceEvents"] if e["ph"] == "B"]
     [('B', 2, 1)]
     """
-    from .events import per_key  # events imports this module
+    from . import per_key  # events imports this module
 
     keep_keys = None if keys is None else set(keys)
     keep_ranks = None if ranks is None else set(ranks)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ._types import Key
+from .._types import Key
 
 __all__ = ["RoundColumns", "mask_ranks", "ranks_mask"]
 

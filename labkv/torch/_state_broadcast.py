@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._torch_tensors import store_array
+from ._tensors import store_array
 
 #: Per store, how many broadcasts it carried (the next one's prefix).
 _CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

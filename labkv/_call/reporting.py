@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from ._summary import summarize, summarize_sum
-from ._types import Key
-from .devices import device_of
-from .events import EventBus
-from .sparse import RowSparseArray, sum_rows
+from .._types import Key
+from ..devices import device_of
+from ..events import EventBus
+from ..events._summary import summarize, summarize_sum
+from ..sparse import RowSparseArray, sum_rows
 
 Items = list[tuple[Key, list[Any]]]
 #: an item's key, its arrays; the first of those

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ._sparse_ops import cast, put_rows, take_rows
-from .devices import device_of, on_device, to_device
-from .sparse import RowSparseArray
+from ..devices import device_of, on_device, to_device
+from . import RowSparseArray
+from ._row_ops import cast, put_rows, take_rows
 
 
 def sliced_rows(block: Any, rows: np.ndarray, out_rows: np.ndarray) -> tuple[Any, np.ndarray]:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ._args import group, normalize_keys
-from ._types import Key
+from .._types import Key
+from .args import group, normalize_keys
 
 
 def _kind_name(kind: type) -> str:
