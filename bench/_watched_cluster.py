@@ -3,8 +3,8 @@
 W real ``DistStore`` ranks (one thread each) push and pull K tiny keys per
 round on S real ``Server`` objects (one asyncio loop thread, every message
 pickled as Dask would: ``InProcessServers(wire=True)``). The notebook's side is
-a :class:`~labkv.cluster._events.ClusterBus`: the servers' batches (and the
-ranks' own, from one :class:`~labkv.cluster._events.EventStream` per rank, as
+a :class:`~labkv.cluster._event_relay.ClusterBus`: the servers' batches (and the
+ranks' own, from one :class:`~labkv.cluster._event_relay.EventStream` per rank, as
 ``run`` starts them) are delivered to it on the loop thread, as the Dask
 client's thread would, and a monitor watches it. Everything shares one process
 and its GIL, so a round's time is the cluster's CPU cost plus the monitor's.
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from labkv.cluster._events import RANK_FLUSH_S, ClusterBus, EventStream, rank_detail
+from labkv.cluster._event_relay import RANK_FLUSH_S, ClusterBus, EventStream, rank_detail
 from labkv.cluster._options import StoreSpec
-from labkv.cluster._rank.store import DistStore
+from labkv.cluster._rank.dist_store import DistStore
 from labkv.cluster._runtime.inprocess import InProcessServers
 from labkv.cluster._server.actor import Server
 from labkv.cluster._transport.base import wait_all

@@ -300,7 +300,7 @@ def _timed_refresh(refresh, cpu: list[float]):
 
 def _event_costs(keys: int) -> None:
     """What one event costs where it is made and where it is folded (best of 5)."""
-    from labkv.cluster._events import ClusterBus, EventStream, pack_batch
+    from labkv.cluster._event_relay import ClusterBus, EventStream, pack_batch
     from labkv.events import EventBus
     from labkv.widgets import MonitorModel
 

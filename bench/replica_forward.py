@@ -22,7 +22,7 @@ CALLS = 500
 
 def _time_forwards() -> None:
     """In a worker: keep the duration of every forward to a backup."""
-    from labkv.cluster._server.replication import log as _replication
+    from labkv.cluster._server.replication import replica_log as _replication
 
     forward = _replication.ReplicaLog._forward_one
     _replication.forward_times = []
@@ -38,7 +38,7 @@ def _time_forwards() -> None:
 
 
 def _take_forward_times() -> list[float]:
-    from labkv.cluster._server.replication import log as _replication
+    from labkv.cluster._server.replication import replica_log as _replication
 
     times, _replication.forward_times = _replication.forward_times, []
     return times

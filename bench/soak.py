@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import labkv  # noqa: E402
 from labkv.cluster import connect, run  # noqa: E402
-from labkv.cluster._events import topic_of  # noqa: E402
+from labkv.cluster._event_relay import topic_of  # noqa: E402
 from labkv.widgets import monitor  # noqa: E402
 from tests._cli import Procs, start_scheduler, start_worker  # noqa: E402
 

@@ -6,5 +6,5 @@ one store must all speak the same one. ``tests/test_version.py`` keeps a
 fingerprint of the wire and fails when it changes without a new ``PROTOCOL``.
 """
 
-__version__ = "0.13.0"
-PROTOCOL = 13
+__version__ = "0.14.0"
+PROTOCOL = 14

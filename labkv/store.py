@@ -111,7 +111,7 @@ class KVStore(Checks, Updating, Reporting):
     def _repr_html_(self) -> str:
         """A notebook's view: type (rank, servers and replicas on a cluster), each
         key's shape, dtype, placement and bytes, and the bytes per server or device."""
-        from ._reprs import store_html
+        from ._store_reprs import store_html
 
         return store_html(self)
 

@@ -9,7 +9,7 @@ import copy
 
 from labkv._types import SYNC_KINDS
 from labkv.cluster._options import StoreSpec
-from labkv.cluster._rank.store import DistStore
+from labkv.cluster._rank.dist_store import DistStore
 from labkv.cluster._runtime.inprocess import InProcessReplicas, InProcessServers
 from labkv.cluster._server.actor import Server
 

@@ -1,5 +1,6 @@
-"""The rooms of ``labkv/cluster`` and the imports between them, read from the source
-(no import runs): the checks of ``tests/test_cluster_layout.py`` use it."""
+"""The rooms of ``labkv/cluster`` and the imports between them, and for all of
+``labkv/`` the modules' names, sizes and import circles, read from the source (no
+import runs): the checks of ``tests/test_cluster_layout.py`` use it."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def modules() -> dict[str, Path]:
 
 
 def room(module: str) -> str:
-    """``labkv.cluster._rank.store`` -> ``_rank``; the shared bottom modules
+    """``labkv.cluster._rank.dist_store`` -> ``_rank``; the shared bottom modules
     (``_protocol``, ``_errors``, ``_placement``, ...) -> ``base``."""
     parts = module.split(".")
     if len(parts) > 2 and parts[2] in LEVELS:
@@ -174,6 +175,82 @@ def cycles() -> list[list[str]]:
         m: sorted({t for _, t in imports(m, p, typing=False) if t in known and t != m})
         for m, p in known.items()
     }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in graph[m]:
+            if state.get(t) == 1:
+                found.append(stack[stack.index(t) :] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m)
+    return found
+
+
+LABKV = CLUSTER.parent
+
+
+def labkv_modules() -> dict[str, Path]:
+    """Every module of ``labkv/``, by its dotted name (a package by its
+    ``__init__``'s: ``labkv.events.__init__``)."""
+    return {module_name(p): p for p in sorted(LABKV.rglob("*.py"))}
+
+
+def repeated_names() -> dict[str, list[str]]:
+    """Module names that appear more than once in ``labkv/``, a leading
+    underscore aside (``_log`` and ``log`` are one name), with where:
+    ``__init__`` is a package, not a name."""
+    where: dict[str, list[str]] = {}
+    for p in sorted(LABKV.rglob("*.py")):
+        if p.name != "__init__.py":
+            where.setdefault(p.stem.lstrip("_"), []).append(str(p.relative_to(LABKV.parent)))
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def labkv_cycles() -> list[list[str]]:
+    """Import circles among all of ``labkv/``'s modules, counting every import
+    that runs; importing a package runs its ``__init__``, so an import of
+    ``labkv.events`` is an edge to ``labkv.events.__init__``."""
+    known = labkv_modules()
+
+    def resolve(target: str) -> str | None:
+        if target in known:
+            return target
+        if f"{target}.__init__" in known:
+            return f"{target}.__init__"
+        return None
+
+    graph = {}
+    for m, p in known.items():
+        package = m.split(".")[:-1]
+        edges = set()
+        skip = _type_only(tree := ast.parse(p.read_text()))
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                edges |= {resolve(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    # ``from pkg import submodule`` needs the submodule; a name
+                    # defined in ``pkg/__init__`` needs the package's __init__
+                    edges.add(resolve(f"{target}.{alias.name}") or resolve(target))
+        graph[m] = sorted(e for e in edges if e is not None and e != m)
+    return _circles(graph)
+
+
+def _circles(graph: dict[str, list[str]]) -> list[list[str]]:
     state: dict[str, int] = {}
     stack: list[str] = []
     found: list[list[str]] = []

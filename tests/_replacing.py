@@ -7,7 +7,7 @@ import contextlib
 import copy
 import threading
 
-from labkv.cluster._rank.store import DistStore
+from labkv.cluster._rank.dist_store import DistStore
 from tests._waiting import in_threads
 
 

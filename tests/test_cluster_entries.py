@@ -25,10 +25,10 @@ from labkv.cluster._protocol.entries import (
 )
 from labkv.cluster._protocol.messages import KeyMeta
 from labkv.cluster._protocol.packing import PACK_BELOW
-from labkv.cluster._server.clocks import Clocks
-from labkv.cluster._server.keys import KeyTable
+from labkv.cluster._server.key_table import KeyTable
 from labkv.cluster._server.replication.notes import NoteEffects
 from labkv.cluster._server.rounds import Failure, SyncRounds
+from labkv.cluster._server.ssp_clocks import Clocks
 from labkv.cluster._server.updates import KeptVotes
 from labkv.cluster._server.waiting import Barriers, Waiters
 

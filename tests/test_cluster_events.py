@@ -10,7 +10,7 @@ import pytest
 
 import labkv
 from labkv.cluster import run
-from labkv.cluster._events import topic_of
+from labkv.cluster._event_relay import topic_of
 from tests._waiting import wait_until
 
 

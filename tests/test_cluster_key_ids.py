@@ -11,7 +11,7 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError, run
-from labkv.cluster._rank.store import DistStore
+from labkv.cluster._rank.dist_store import DistStore
 from tests._inprocess import InProcessCluster
 from tests._waiting import in_threads
 

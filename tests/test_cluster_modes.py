@@ -24,8 +24,8 @@ from labkv.cluster._protocol.messages import (
 from labkv.cluster._protocol.packing import pack
 from labkv.cluster._server.actor import Server
 from labkv.cluster._server.modes import AsyncMode, SspMode, SyncMode
-from labkv.cluster._server.replication.log import ReplicaLog
 from labkv.cluster._server.replication.null import NullLog
+from labkv.cluster._server.replication.replica_log import ReplicaLog
 from labkv.cluster._transport.base import Host
 from tests._inprocess import InProcessCluster
 

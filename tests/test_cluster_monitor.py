@@ -13,7 +13,7 @@ import pytest
 
 import labkv
 from labkv.cluster import ClusterError, run
-from labkv.cluster._events import topic_of
+from labkv.cluster._event_relay import topic_of
 from labkv.widgets import monitor
 from labkv.widgets._tables import fanin_table
 from tests._waiting import wait_until

@@ -134,7 +134,7 @@ def test_a_custom_updater_on_a_sliced_async_key_keeps_every_replica_equal(handle
     """dist_async, a key sliced across 2 servers, each with a backup: the
     servers vote (each vote reaching its backup first, on the channel) and
     every replica of each slice ends with the numbers applied in order here."""
-    from labkv.cluster._events import topic_of
+    from labkv.cluster._event_relay import topic_of
 
     handle3.client.wait_for_workers(3, timeout=60)  # after the kills of the tests before
     kv = labkv.create("dist_async", cluster=handle3, num_servers=2, replicas=2, bigarray_bound=8)

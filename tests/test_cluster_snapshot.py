@@ -15,11 +15,11 @@ import pytest
 import labkv
 from labkv.cluster._protocol.entries import Vote
 from labkv.cluster._protocol.messages import KeyMeta
-from labkv.cluster._server.clocks import Clocks
-from labkv.cluster._server.keys import KeyTable
-from labkv.cluster._server.order import SenderOrder, UpdateQueues
+from labkv.cluster._server.key_table import KeyTable
 from labkv.cluster._server.replication.seed import ServerSnapshot, ShardSnapshot
 from labkv.cluster._server.rounds import Failure, SyncRounds
+from labkv.cluster._server.sender_order import SenderOrder, UpdateQueues
+from labkv.cluster._server.ssp_clocks import Clocks
 from labkv.cluster._server.updates import KeptVotes
 from labkv.cluster._server.waiting import Waiters
 from labkv.devices import cpu

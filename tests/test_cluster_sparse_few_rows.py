@@ -1,5 +1,5 @@
 """A row-sparse key with fewer rows than servers (1 or 2 rows over 3 or 4 servers):
-some servers hold no rows of it (an empty piece, :func:`labkv.cluster._rows.placement.place_rows`)
+some servers hold no rows of it (an empty piece, :func:`labkv.cluster._rows.row_placement.place_rows`)
 and every call still works: init, push (with rows, and with none), ``row_sparse_pull``
 (of every row, some, none), a dense ``pull``, the optimizer states' save and load, and
 a replicated group. Checked against the local store's numbers."""
@@ -11,7 +11,7 @@ import pytest
 
 import labkv
 import labkv.sparse as sparse
-from labkv.cluster._rows.placement import place_rows
+from labkv.cluster._rows.row_placement import place_rows
 from tests._inprocess import InProcessCluster
 from tests._waiting import in_threads
 

@@ -52,7 +52,7 @@ def _rounds(kv, key, n, size):
 
 
 def _check_backup_equals_primary(handle, kv, primary, backup, key):
-    from labkv.cluster._events import topic_of
+    from labkv.cluster._event_relay import topic_of
 
     (mine,) = _run_on(handle, _replicas, primary, topic_of(kv._id), key)
     (theirs,) = _run_on(handle, _replicas, backup, topic_of(kv._id), key)

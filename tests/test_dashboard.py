@@ -14,7 +14,7 @@ import pytest
 import labkv
 import labkv.dashboard
 from labkv.cluster import connect, run
-from labkv.cluster._events import pack_batch
+from labkv.cluster._event_relay import pack_batch
 from labkv.dashboard import PATHS
 from labkv.dashboard._plugin import INFO_TOPIC, MAX_PENDING, MAX_STORES, LabkvDashboard
 from tests._cli import Procs, start_scheduler, start_worker

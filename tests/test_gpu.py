@@ -509,7 +509,7 @@ def _replica_values(topic, key, dask_worker=None):
 
 @pytest.mark.parametrize("big", [False, True], ids=["small", "big"])
 def test_a_gpu_backup_applies_its_primarys_updates_on_its_own_gpu(gpu_handle, big):
-    from labkv.cluster._events import topic_of
+    from labkv.cluster._event_relay import topic_of
 
     size = (1 << 15) if big else 5  # a big entry value travels as its own frame
     kv = labkv.create(

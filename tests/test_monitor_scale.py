@@ -24,7 +24,7 @@ async def _watched_server(events):
     await server.link([("in-process", "only")])
     zeros = np.zeros(SHAPE, np.float32)
     await server.init([InitItem(k, zeros, SHAPE, "float32", 0) for k in range(KEYS)])
-    server.bus.op_budget = 1  # as a stream subscribes (labkv/cluster/_events.py)
+    server.bus.op_budget = 1  # as a stream subscribes (labkv/cluster/_event_relay.py)
     server.bus.subscribe(events.append, detail_interval=60.0, detail_burst=4)
     return server
 
@@ -73,10 +73,10 @@ def test_a_round_is_one_record_per_flush_and_every_receipt_is_counted():
 
 
 def test_dist_ssp_waits_are_one_record_per_key_and_flush_with_exact_pulls():
-    from labkv.cluster._server.clocks import Clocks
-    from labkv.cluster._server.keys import KeyTable
+    from labkv.cluster._server.key_table import KeyTable
     from labkv.cluster._server.reports import Reports
     from labkv.cluster._server.rounds import SyncRounds
+    from labkv.cluster._server.ssp_clocks import Clocks
     from labkv.events import EventBus
     from labkv.shard import Shard
 
@@ -114,10 +114,10 @@ def test_a_dist_ssp_record_sent_after_the_run_ended_keeps_the_run_s_ranks():
     """The waits kept for the flush are reported with the clocks of the run they
     were made in, though the store went back to 1 rank before the flush (the
     notebook's store after ``run``: ``Clocks.reset``)."""
-    from labkv.cluster._server.clocks import Clocks
-    from labkv.cluster._server.keys import KeyTable
+    from labkv.cluster._server.key_table import KeyTable
     from labkv.cluster._server.reports import Reports
     from labkv.cluster._server.rounds import SyncRounds
+    from labkv.cluster._server.ssp_clocks import Clocks
     from labkv.events import EventBus
     from labkv.shard import Shard
 
@@ -143,7 +143,7 @@ def test_dist_sync_rounds_sent_after_the_run_ended_keep_the_run_s_ranks(keys):
     ended (the notebook's store back to 1 rank: ``SyncRounds.resize``) are reported
     with the run's 2 ranks, one key at a time and as one record: the fan-in showed
     one rank's column after a notebook's Run All."""
-    from labkv.cluster._server.keys import KeyTable
+    from labkv.cluster._server.key_table import KeyTable
     from labkv.cluster._server.reports import Reports
     from labkv.cluster._server.rounds import SyncRounds
     from labkv.events import EventBus

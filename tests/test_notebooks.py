@@ -67,7 +67,7 @@ def private_imports(tree: ast.AST) -> list[str]:
     "source",
     [
         "import labkv.widgets._tables",
-        "import labkv.cluster._rank.store as store",
+        "import labkv.cluster._rank.dist_store as store",
         "from labkv.widgets._tables import key_rows",
         "from labkv.cluster import _store",
         "from labkv import _arrays",

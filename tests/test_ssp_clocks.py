@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkv.cluster._options import check_staleness
-from labkv.cluster._server.clocks import Clocks
+from labkv.cluster._server.ssp_clocks import Clocks
 
 
 @settings(max_examples=200, deadline=None)

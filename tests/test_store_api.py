@@ -189,7 +189,7 @@ def test_public_api_is_sorted_and_complete():
 def test_peek_and_placement_are_methods_of_every_store_with_the_base_signature(kind):
     import inspect
 
-    from labkv.cluster._rank.store import DistStore
+    from labkv.cluster._rank.dist_store import DistStore
     from labkv.store import KVStore
 
     for method in ("peek", "placement"):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from ._errors import ClusterError
 from ._placement import key_id, place
+from ._rank.dist_store import DistStore
 from ._rank.steps import Step
-from ._rank.store import DistStore
 from ._runtime.compat import ClusterMismatchError
 from ._runtime.connect import ClusterHandle, connect, default_handle
 from ._runtime.links import create_store

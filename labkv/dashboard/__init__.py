@@ -181,19 +181,6 @@ class Watch:
         return f"<labkv.dashboard.Watch {state} {self.kv.store_id} {self.urls[:1]}>"
 
 
-def store_info(kv: Any) -> dict[str, Any]:
-    """What the pages say of ``kv``: type, ranks, servers, replicas, placement."""
-    spec = kv.spec
-    return {
-        "store": kv.store_id,
-        "type": kv.type,
-        "num_workers": kv.num_workers,
-        "num_servers": kv.num_servers,
-        "replicas": spec.replicas,
-        "placement": kv.placement(),
-    }
-
-
 def watch(kv: Any) -> Watch:
     """Stream ``kv``'s events (a cluster store made in this process) to its
     scheduler's labkv pages, with the detail a monitor asks for, until

@@ -4,7 +4,7 @@ A cluster store's servers (and the ranks of ``run``) send their events to the
 scheduler themselves; the store the notebook holds makes its rank-side events
 (its pushes and pulls as the caller sees them: shapes, values, pull counts) in
 the notebook's process. :class:`Forward` collects those, and every
-:data:`~labkv.cluster._events.RANK_FLUSH_S` sends them as one batch on
+:data:`~labkv.cluster._event_relay.RANK_FLUSH_S` sends them as one batch on
 :func:`notebook_topic` (not the store's topic: the notebook subscribes to that
 one and would hear its own events back). Events delivered from the servers'
 batches arrive on the Dask client's loop thread and are not sent again.
@@ -17,12 +17,12 @@ import pickle
 import threading
 from typing import Any
 
-from ..cluster._events import RANK_FLUSH_S, pack_batch
+from ..cluster._event_relay import RANK_FLUSH_S, pack_batch
 from ..cluster._transport.dask import on_client_loop
 from ..events import Event
 from ._plugin import INFO_TOPIC
 
-__all__ = ["NOTEBOOK_PREFIX", "Forward", "notebook_topic"]
+__all__ = ["NOTEBOOK_PREFIX", "Forward", "notebook_topic", "store_info"]
 
 NOTEBOOK_PREFIX = "labkv-notebook-"
 
@@ -34,6 +34,19 @@ def notebook_topic(store_id: str) -> str:
     'labkv-notebook-dist_sync-1'
     """
     return f"{NOTEBOOK_PREFIX}{store_id}"
+
+
+def store_info(kv: Any) -> dict[str, Any]:
+    """What the pages say of ``kv``: type, ranks, servers, replicas, placement."""
+    spec = kv.spec
+    return {
+        "store": kv.store_id,
+        "type": kv.type,
+        "num_workers": kv.num_workers,
+        "num_servers": kv.num_servers,
+        "replicas": spec.replicas,
+        "placement": kv.placement(),
+    }
 
 
 class Forward:
@@ -75,8 +88,6 @@ class Forward:
         if keys != self._keys:  # new keys: the pages learn where they live
             self._keys = keys
             with contextlib.suppress(Exception):
-                from . import store_info
-
                 self.client.log_event(INFO_TOPIC, pickle.dumps(store_info(self.kv)))
         if batch:
             with contextlib.suppress(Exception):  # the scheduler may be gone

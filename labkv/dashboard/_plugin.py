@@ -2,7 +2,7 @@
 
 :class:`LabkvDashboard` is a ``SchedulerPlugin``. Dask's event broker calls its
 :meth:`~LabkvDashboard.log_event` with every batch a store's servers and ranks
-send on the store's topic (:func:`labkv.cluster._events.topic_of`), on the
+send on the store's topic (:func:`labkv.cluster._event_relay.topic_of`), on the
 scheduler's event loop: it only appends the batch (one pickled ``bytes``) to
 the store's queue. The batches are unpacked and folded into one
 :class:`~labkv.widgets._model.MonitorModel` per store when a page asks (at most
@@ -11,7 +11,7 @@ batches wait with nobody looking, so memory stays bounded and the totals exact.
 What a page shows is rendered once per model version and shared by every
 viewer (:meth:`Board.render`).
 
->>> from labkv.cluster._events import pack_batch
+>>> from labkv.cluster._event_relay import pack_batch
 >>> plugin = LabkvDashboard()
 >>> plugin.log_event("labkv-events-dist_sync-1", pack_batch([{"seq": 0, "time": 1.0,
 ...     "store": "dist_sync-1", "op": "push", "key": "w", "server": 0, "nbytes": 8}]))
@@ -107,7 +107,7 @@ class LabkvDashboard(SchedulerPlugin):
             if len(board.pending) >= MAX_PENDING:
                 board.fold()
         elif topic == INFO_TOPIC and isinstance(msg, bytes):
-            info = pickle.loads(msg)  # labkv.dashboard.store_info, as the notebook sent it
+            info = pickle.loads(msg)  # labkv.dashboard._forward.store_info, as the notebook sent it
             board = self.board(str(info["store"]))
             board.info = info
             board.info_version += 1

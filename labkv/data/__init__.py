@@ -15,8 +15,8 @@ True
 
 from ._batch import Minibatch
 from ._ctf import CTFFormatError, CTFSource, StreamSpec
+from ._epoch_order import EpochOrder
 from ._minibatch import MinibatchSource
-from ._order import EpochOrder
 from ._partition import Partition, plan_partition
 from ._prefetch import Prefetcher
 from ._sources import ArraySource, DaskSource, NpySource, Source

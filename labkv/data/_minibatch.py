@@ -11,7 +11,7 @@ from typing import Any
 
 from ._batch import Minibatch, concat, finish
 from ._ctf import CTFSource
-from ._order import EpochOrder
+from ._epoch_order import EpochOrder
 from ._partition import Partition, plan_partition
 from ._prefetch import Prefetcher
 from ._reader import Reader

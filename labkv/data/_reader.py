@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ._batch import Minibatch, concat
-from ._order import EpochOrder
+from ._epoch_order import EpochOrder
 from ._partition import Partition
 from ._sources import Source
 

@@ -39,6 +39,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from ._event import per_key
+
 __all__ = ["export_trace", "to_trace"]
 
 _MIN_US = 1.0  # the length of a span whose event knows no duration
@@ -78,7 +80,6 @@ def to_trace(
     >>> [(e["ph"], e["pid"], e["args"]["round"]) for e in t["traceEvents"] if e["ph"] == "B"]
     [('B', 2, 1)]
     """
-    from . import per_key  # events imports this module
 
     keep_keys = None if keys is None else set(keys)
     keep_ranks = None if ranks is None else set(ranks)

@@ -1,7 +1,7 @@
 """The messages between a rank and its servers, named, with their encoding.
 
 Both sides build and read messages only through this module: a rank's
-:class:`~labkv.cluster._rank.store.DistStore` makes :class:`Push`, :class:`Pull` and
+:class:`~labkv.cluster._rank.dist_store.DistStore` makes :class:`Push`, :class:`Pull` and
 :class:`InitItem`; a :class:`~labkv.cluster._server.actor.Server` reads them and answers with
 :class:`Values` (a pull's reply), :class:`KeyMeta` and :class:`States`.
 

@@ -1,4 +1,4 @@
-"""The updater side of a :class:`~labkv.cluster._rank.store.DistStore`: updaters and optimizers
+"""The updater side of a :class:`~labkv.cluster._rank.dist_store.DistStore`: updaters and optimizers
 shipped to the servers (by every rank, saying whether it owns the store: the
 servers' rules are in :mod:`labkv.cluster._server.control`), optimizer states gathered from and
 loaded into them, and the compression residuals put back when a server's
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ...compression import GradientCompression
 from ...optimizers import Optimizer
 from .._errors import failed_update
-from . import split as messages
+from . import split
 from .calls import Calls
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class Settings:
 
     def set_updater(self, updater: Callable) -> None:
         self.check_updater(updater, self.pieces)
-        blob = messages.pickled_updater(updater)  # refused here if it cannot travel
+        blob = split.pickled_updater(updater)  # refused here if it cannot travel
         self.calls.all("set_updater", blob, self.owner, self._call_id())
 
     def set_optimizer(self, optimizer: Optimizer) -> None:
@@ -77,11 +77,11 @@ class Settings:
     def optimizer_states(self) -> tuple[int, dict, dict]:
         """``(num_update, counts, states)`` gathered from every server, after this rank's pushes."""
         self.calls.flush()
-        return messages.gather_states(self.calls.all("get_states"), self.meta, self.pieces)
+        return split.gather_states(self.calls.all("get_states"), self.meta, self.pieces)
 
     def load_optimizer_states(self, num_update: int, counts: dict, states: dict) -> None:
         """Give every server its part of ``states``."""
-        per_server = messages.split_states(counts, states, self.pieces, self.spec.num_servers)
+        per_server = split.split_states(counts, states, self.pieces, self.spec.num_servers)
         parts = {s: (num_update, c, st) for s, (c, st) in enumerate(per_server)}
         self.calls.wait(self.calls.call_each("set_states", parts), "load_optimizer_states")
 

@@ -4,7 +4,7 @@ to take a lost rank's place mid-run (``run(..., on_rank_loss="replace")``).
 Each step's pushes and pulls carry the step's number, counted over every step
 loop of the rank's function (a second loop goes on from the first's last
 step), so that the servers know which (key, rank, step) they have seen
-(:mod:`labkv.cluster._server.replication.steps`); pulls after a loop carry the
+(:mod:`labkv.cluster._server.replication.step_marks`); pulls after a loop carry the
 number of the step after it (they read what every step made), pushes outside
 a loop carry none (they are not replayed). ``step.rng`` is a fresh
 numpy Generator seeded by ``(seed, rank, step)``: a replayed step draws the

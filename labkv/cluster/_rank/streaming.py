@@ -1,4 +1,4 @@
-"""The server events of a notebook's :class:`~labkv.cluster._rank.store.DistStore`: its servers
+"""The server events of a notebook's :class:`~labkv.cluster._rank.dist_store.DistStore`: its servers
 stream their events to the store's topic while its event bus has subscribers
 (a monitor), and stop when the last one leaves."""
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import ClusterError
-from .._events import ClusterBus, topic_of
+from .._event_relay import ClusterBus, topic_of
 from .._transport.base import ServerLink
 from .._transport.dask import on_client_loop
 from .._transport.scheduler import forget_topic

@@ -2,7 +2,7 @@
 ``row_sparse_pull`` asking each server only for the rows it holds.
 
 >>> import labkv.sparse as sparse
->>> from .placement import place_rows
+>>> from .row_placement import place_rows
 >>> g = sparse.row_sparse_array((np.ones((2, 1)), [0, 3]), shape=(4, 1))
 >>> [(s, p.indices.tolist(), p.shape) for s, p in row_pieces([g], ((4, 1), g.dtype), place_rows((4, 1), 2), "e", True)]
 [(0, [0], (2, 1)), (1, [1], (2, 1))]
@@ -25,7 +25,7 @@ from ...sparse import zeros as sparse_zeros
 from .._device import host_view
 from .._placement import Piece
 from .._protocol.messages import decode_values, values_items
-from .placement import row_ranges
+from .row_placement import row_ranges
 
 __all__ = [
     "init_pieces",

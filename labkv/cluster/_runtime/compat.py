@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._log import logger
+from ..._logger import logger
 from ..._version import PROTOCOL, __version__
 from .._errors import ClusterError
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._call.interrupts import sigint_held
-from ..._log import logger
+from ..._logger import logger
 from .._errors import ClusterError
 from .._options import StoreSpec
 from .._transport.dask import ActorLink, actor_address

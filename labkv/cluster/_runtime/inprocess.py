@@ -219,7 +219,7 @@ class InProcessLink(ServerLink):
 class InProcessServers:
     """``Server`` objects on an asyncio loop in a daemon thread of this process,
     with their links: the cluster's logic without Dask. Use as a context
-    manager; ``links`` are what a :class:`~labkv.cluster._rank.store.DistStore` takes."""
+    manager; ``links`` are what a :class:`~labkv.cluster._rank.dist_store.DistStore` takes."""
 
     def __init__(self, make: Callable[[int, Host], Any], num_servers: int, wire: bool = True):
         self.loop = asyncio.new_event_loop()

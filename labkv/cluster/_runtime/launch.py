@@ -16,10 +16,10 @@ from typing import Any
 
 import distributed
 
-from ..._log import logger
+from ..._logger import logger
 from ..._types import SYNC_KINDS
 from .._errors import TIMEOUTS, ClusterError
-from .._events import topic_of
+from .._event_relay import topic_of
 from .._options import (
     StoreSpec,
 )

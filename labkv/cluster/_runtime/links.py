@@ -22,8 +22,8 @@ from ..._types import dist_kind
 from .._device import parse_server_device
 from .._options import DEFAULT_TIMEOUT_S, check_replicas, check_staleness
 from .._placement import DEFAULT_BIGARRAY_BOUND
+from .._rank.dist_store import DistStore
 from .._rank.failover import ReplicatedLink
-from .._rank.store import DistStore
 from .._transport.base import ServerLink
 from .._transport.dask import (
     notebook_link,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ..._log import logger
+from ..._logger import logger
 from .._errors import ClusterError
 from .._rank.failover import ReplicatedLink
 from .._transport.dask import notebook_link

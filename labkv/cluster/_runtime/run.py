@@ -27,10 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._types import SYNC_KINDS, dist_kind
-from .. import _events
+from .. import _event_relay
 from .._device import parse_server_device
 from .._errors import ClusterError
-from .._events import EventStream, rank_detail, topic_of
+from .._event_relay import EventStream, rank_detail, topic_of
 from .._options import (
     DEFAULT_TIMEOUT_S,
     StoreSpec,
@@ -38,7 +38,7 @@ from .._options import (
     check_staleness,
 )
 from .._placement import DEFAULT_BIGARRAY_BOUND
-from .._rank.store import DistStore
+from .._rank.dist_store import DistStore
 from .._transport.dask import worker_loop
 from .._transport.scheduler import raise_if_scheduler_gone, scheduler_gone
 from .compat import check_cluster
@@ -129,7 +129,7 @@ def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> 
     def send(batch: bytes) -> None:
         worker.log_event(topic, batch)
 
-    stream = EventStream(kv.events, send, interval=_events.RANK_FLUSH_S)
+    stream = EventStream(kv.events, send, interval=_event_relay.RANK_FLUSH_S)
     loop = worker_loop(worker)
 
     async def start() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerUploadFile, UploadFile
 
-from ..._log import logger
+from ..._logger import logger
 from ..._version import __version__
 from .compat import by_value
 from .waits import announced
@@ -62,9 +62,7 @@ def package_files(root: Path) -> list[Path]:
 
 def build_archive(directory: Path) -> Path:
     """Zip this process's labkv package into ``directory``; the archive's path."""
-    import labkv
-
-    root = Path(labkv.__file__).parent
+    root = Path(__file__).resolve().parents[2]  # labkv/cluster/_runtime/upload.py
     files = package_files(root)
     digest = hashlib.sha256()
     for name in files:

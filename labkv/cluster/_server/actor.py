@@ -22,25 +22,25 @@ from ...events import EventBus, summarize
 from ...shard import Shard, check_new_keys
 from .._device import device_label, host_copy, pick_server_device, warm_up
 from .._errors import ClusterError, answered
-from .._events import EventStream
+from .._event_relay import EventStream
 from .._protocol.entries import decode_entry
 from .._protocol.messages import InitItem, KeyMeta, Pull, Push, States, decode_pull, decode_push
 from .._tasks import TaskGroup
 from .._transport.base import Host
-from .clocks import Clocks
 from .control import Fences, Settings, first_time, go_on_without, taken
-from .keys import KeyTable, store_new_keys
+from .key_table import KeyTable, store_new_keys
 from .modes import new_mode
-from .order import SenderOrder, UpdateQueues
 from .replication.group import Group
-from .replication.log import ReplicaLog
 from .replication.notes import NoteEffects
 from .replication.null import NullLog
 from .replication.reads import read_here
+from .replication.replica_log import ReplicaLog
 from .replication.seed import Seeding, ServerSnapshot, join
-from .replication.steps import StepMarks
+from .replication.step_marks import StepMarks
 from .reports import Reports
 from .rounds import Staging, SyncRounds
+from .sender_order import SenderOrder, UpdateQueues
+from .ssp_clocks import Clocks
 from .updates import KeptVotes, Peers, SliceVotes, Updates
 from .waiting import Barriers, Waiters
 

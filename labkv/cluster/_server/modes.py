@@ -11,7 +11,7 @@ dist_async (:class:`AsyncMode`): each push is applied as it arrives (a sliced
 key with a custom updater in server 0's order, see
 :mod:`labkv.cluster._server.updates`); a pull waits for nothing more.
 
-dist_ssp (:class:`SspMode`, :class:`~labkv.cluster._server.clocks.Clocks`):
+dist_ssp (:class:`SspMode`, :class:`~labkv.cluster._server.ssp_clocks.Clocks`):
 pushes are applied as in dist_async and advance the pushing rank's clock of
 their keys; a pull waits until every rank's clock is within the staleness
 bound of the puller's.
@@ -22,7 +22,7 @@ dropped, compressed codes decoded. Every pull's reply is :meth:`Mode.values`.
 
 Inside ``kv.steps`` a push and a pull carry the rank's step: a push of a (key, rank, step)
 already here is a replacement's replay, skipped (and audited), and a dist_sync pull reads the
-key as of its step's start (see :mod:`labkv.cluster._server.replication.steps`).
+key as of its step's start (see :mod:`labkv.cluster._server.replication.step_marks`).
 """
 
 from __future__ import annotations
@@ -39,17 +39,17 @@ from .._protocol.entries import Clock
 from .._protocol.messages import Codes, Push, encode, pack_values, push_items
 from .._protocol.packing import PACK_BELOW
 from .._rows.server import read_rows, request_nbytes
-from .clocks import Clocks, ClocksSnapshot
-from .keys import KeyTable
-from .order import UpdateQueues
-from .replication.steps import StepMarks
+from .key_table import KeyTable
+from .replication.step_marks import StepMarks
 from .reports import Reports
 from .rounds import Failure, Staging, SyncRounds
+from .sender_order import UpdateQueues
+from .ssp_clocks import Clocks, ClocksSnapshot
 from .updates import KeptVotes, Updates
 from .waiting import Waiters
 
 if TYPE_CHECKING:
-    from .replication.log import NullLog, ReplicaLog
+    from .replication.replica_log import NullLog, ReplicaLog
 
 _NONE: frozenset = frozenset()
 # Values smaller than this are copied before they are returned by a pull: the

@@ -1,6 +1,6 @@
 """What a server reports to the notebook: push receipts, round and clock
 events, its load (bytes in and out, keys and bytes held, messages), and the
-loss of a backup (see :mod:`labkv.cluster._events` for how events travel).
+loss of a backup (see :mod:`labkv.cluster._event_relay` for how events travel).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from ..._types import Key
 from ...events import COMPACT_AT, EventBus, round_extra
 from ...events._round_records import RoundColumns, ranks_mask
 from ...shard import Shard
-from .clocks import Clocks
-from .keys import KeyTable
+from .key_table import KeyTable
 from .rounds import Round, SyncRounds
+from .ssp_clocks import Clocks
 
 
 class Reports:

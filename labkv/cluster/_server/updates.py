@@ -6,12 +6,12 @@ updater (which may fail on one slice) each server prepares its slice and
 tells the others whether it succeeded (:meth:`Updates.vote`); every server
 commits when all slices succeeded (:meth:`Updates.record`). In dist_async the
 servers also apply a sliced key's updates in one order: the order in which
-server 0 received them (:class:`~labkv.cluster._server.order.UpdateQueue`).
+server 0 received them (:class:`~labkv.cluster._server.sender_order.UpdateQueue`).
 Plain updates (whole keys, or no custom updater) are applied at once.
 
 An update finishes (its pulls may read it, its ranks push the next) when the
 server's log says so: at once without replicas, once every backup has it with
-them (:mod:`labkv.cluster._server.replication.log`). With replicas each vote
+them (:mod:`labkv.cluster._server.replication.replica_log`). With replicas each vote
 is logged before it is sent (server 0's names the push it placed, so a new
 server-0 primary keeps its old primary's order), and a new primary tells the
 other servers where it is (:meth:`Updates.announce`) and sends them its recent
@@ -34,14 +34,14 @@ from .._protocol.entries import Vote
 from .._protocol.messages import Peer
 from .._tasks import TaskGroup
 from .._transport.base import Host
-from .order import UpdateQueues
-from .replication.steps import StepMarks, copied
+from .replication.step_marks import StepMarks, copied
 from .rounds import Failure, Round, SyncRounds, failure_note, pushed_by
+from .sender_order import UpdateQueues
 from .waiting import Waiters
 
 if TYPE_CHECKING:
-    from .keys import KeyTable
-    from .replication.log import NullLog, ReplicaLog
+    from .key_table import KeyTable
+    from .replication.replica_log import NullLog, ReplicaLog
 
 
 class Peers:

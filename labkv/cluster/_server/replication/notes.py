@@ -14,9 +14,9 @@ from typing import Any
 
 from ...._types import Key
 from ..._protocol.entries import Clock, Control, Failed, Note, Passed, Told, Vote
-from ..clocks import Clocks
-from ..keys import KeyTable
+from ..key_table import KeyTable
 from ..rounds import Failure, SyncRounds
+from ..ssp_clocks import Clocks
 from ..updates import KeptVotes
 from ..waiting import Barriers
 

@@ -1,5 +1,5 @@
 """The log of a server without replicas (``replicas=1``): the no-op twin of
-:class:`~labkv.cluster._server.replication.log.ReplicaLog`, with the same
+:class:`~labkv.cluster._server.replication.replica_log.ReplicaLog`, with the same
 methods, so that the push, pull and update paths never ask whether a server
 has replicas.
 """

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...._types import Key
 from ..modes import SyncMode
-from .log import ReplicaLog
+from .replica_log import ReplicaLog
 
 if TYPE_CHECKING:
     from ..actor import Server

@@ -24,20 +24,20 @@ from ....devices import Device, to_device
 from ....optimizers import Optimizer
 from ....shard import Shard
 from ..._device import host_copy
-from ..._events import EventStream
+from ..._event_relay import EventStream
 from ..._protocol.messages import Peer
 from ..._transport.base import Host
-from ..clocks import ClocksSnapshot
 from ..control import Fences
-from ..keys import KeysSnapshot, KeyTable
+from ..key_table import KeysSnapshot, KeyTable
 from ..modes import Mode
-from ..order import SenderOrder, UpdateQueues
 from ..rounds import RoundsSnapshot, SyncRounds
+from ..sender_order import SenderOrder, UpdateQueues
+from ..ssp_clocks import ClocksSnapshot
 from ..updates import KeptVotes, Peers, Updates
 from ..waiting import Barriers
 from .group import Group
-from .log import LogSnapshot, ReplicaLog
-from .steps import StepMarks, StepsSnapshot
+from .replica_log import LogSnapshot, ReplicaLog
+from .step_marks import StepMarks, StepsSnapshot
 
 
 @dataclass

@@ -42,15 +42,15 @@ from ..._protocol.entries import Clock, Control, Entry, Failed, Passed, Told, Vo
 from ..._protocol.messages import Peer
 from ..._tasks import TaskGroup
 from ..._transport.base import Host
-from ..order import SenderOrder
 from ..reports import Reports
 from ..rounds import Failure, Finish, SyncRounds
+from ..sender_order import SenderOrder
 from ..updates import KeptVotes
 from ..waiting import Waiters
-from .forward import Forwarder
+from .forwarder import Forwarder
 from .group import Group
 from .notes import NoteEffects
-from .steps import StepMarks, copied
+from .step_marks import StepMarks, copied
 
 if TYPE_CHECKING:
     from ..._protocol import entries

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._log import logger
+from ..._logger import logger
 from ..._types import Key
 from ...events import EventBus
 from ...optimizers import Optimizer
@@ -41,13 +41,13 @@ from ...store import Items, KVStore
 from .._errors import CallTimedOut, failed_update
 from .._placement import KeyIds, Piece
 from .._protocol.messages import decode_values, values_items
-from .._rows.placement import place_key
 from .._rows.rank import new_out, pull_rows
+from .._rows.row_placement import place_key
 from .._transport.base import ServerLink
-from . import split as messages
+from . import split
 from .calls import ACK_ABOVE, Calls
 from .failover import ReplicatedLink
-from .keys import heir_init, send_init, uninitialised, wait_for_owner
+from .owner_init import heir_init, send_init, uninitialised, wait_for_owner
 from .settings import Settings
 from .steps import Step, StepCounter, resume_step
 from .streaming import Streaming
@@ -325,12 +325,12 @@ class DistStore(KVStore):
     def _push_impl(self, items: Items) -> None:
         calls = self._calls
         timed_out, self._timed_out = self._timed_out, None
-        if timed_out is not None and messages.same_push(timed_out, items):
+        if timed_out is not None and split.same_push(timed_out, items):
             calls.settle()  # a retry: the push that timed out is the one applied
             return
         calls.reap()
         compression, meta, pieces = self._compression, self._meta, self._pieces
-        per_server, nbytes = messages.per_server(items, meta, pieces, compression, self._sparse)
+        per_server, nbytes = split.per_server(items, meta, pieces, compression, self._sparse)
         wait = nbytes >= ACK_ABOVE
         links = self._links
         # A replicated dist_sync push is kept until its round is acknowledged, after
@@ -343,13 +343,13 @@ class DistStore(KVStore):
             msgs = []
             for s, batch in per_server.items():
                 header, local = (calls.sender, self._rank, calls.next_seq(s)), links[s].same_process
-                msg = messages.push_message(header, batch, meta, not wait, local, compression, step)
+                msg = split.push_message(header, batch, meta, not wait, local, compression, step)
                 msgs.append((s, msg))
             sent = calls.send_pushes(msgs, wait, keep_copies)
         try:
             calls.finish_pushes(sent, wait)
         except CallTimedOut:  # sent: it may still be applied
-            self._timed_out = messages.kept_push(items)  # dense or row-sparse
+            self._timed_out = split.kept_push(items)  # dense or row-sparse
             raise
 
     def _pull_impl(self, items: Items) -> None:
@@ -366,10 +366,10 @@ class DistStore(KVStore):
         got: dict[tuple[int, Key], Any] = {}
         replies = self._calls.pull(keys, self._rank, step)
         for (s, ks), reply in zip(keys.items(), replies, strict=True):
-            lookup = functools.partial(messages.piece_spec, self._meta, self._pieces, s)
+            lookup = functools.partial(split.piece_spec, self._meta, self._pieces, s)
             for key, value in values_items(ks, decode_values(reply), lookup):
                 got[(s, key)] = value
-        messages.fill_outs(items, got, self._meta, self._pieces)
+        split.fill_outs(items, got, self._meta, self._pieces)
 
     def _pull_rows(self, items: list[tuple[Key, np.ndarray]]) -> list[np.ndarray]:
         got = {}
@@ -394,7 +394,7 @@ class DistStore(KVStore):
         pieces = self._pieces[key]
         calls = [(p.server, self._calls.call(p.server, "peek", [key])) for p in pieces]
         values = [reply[0] for reply in self._calls.wait(calls, "peek")]
-        return messages.join(values, *self._meta[key])
+        return split.join(values, *self._meta[key])
 
     # -- barrier, placement, events ------------------------------------------------------
     def _barrier_impl(self) -> None:
@@ -428,12 +428,12 @@ class DistStore(KVStore):
         >>> [kv.placement()[k][0]["server"] for k in ["W1", "b1"]]  # doctest: +SKIP
         [0, 1]
         """
-        return messages.placement_table(
+        return split.placement_table(
             self._pieces, self._meta, self._spec.server_devices, self._links
         )
 
     def server_load(self) -> list[dict[str, Any]]:
-        """Per server: its device, bytes in/out so far, keys, bytes held, messages."""
+        """Per server: its device, bytes in/out so far, keys, bytes held, split."""
         return self._calls.all("load")
 
     def close(self) -> None:
