@@ -102,7 +102,7 @@ def _reuse_the_buffer(kv, n):
         time.sleep(0.5)  # rank 0's push (to its own worker's server) is the round's first
     kv.push("w", grad)  # >= 1 MiB: waited for, sent without a copy
     grad[:] = -100.0  # the caller may reuse its buffer as soon as push returns
-    return kv.pull("w")[:3], kv.local_server(0) is not None
+    return kv.pull("w")[:3], kv._local_server(0) is not None
 
 
 def test_a_rank_may_reuse_its_buffer_after_pushing_to_its_own_workers_server(handle):
@@ -120,7 +120,7 @@ def _push_last_and_reuse(kv, n):
         time.sleep(0.5)  # rank 1's push arrives first: rank 0's completes the round
     kv.push("w", grad)
     grad[:] = -100.0
-    server = kv.local_server(0)
+    server = kv._local_server(0)
     staged = None if server is None else sorted(server.staging.buffers)
     return kv.pull("w")[:3], staged
 

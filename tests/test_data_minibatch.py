@@ -278,3 +278,17 @@ def test_a_step_that_is_not_a_count_is_refused():
     for bad in (-1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="step must be a non-negative int"):
             src.minibatch_at(bad)
+
+
+def test_set_epoch_makes_the_next_loop_read_that_epoch_as_a_fresh_source_would(data):
+    """Resuming at epoch 2: the loop reads what the third loop of a source that
+    never stopped reads, and the loop after it epoch 3."""
+    fresh = MinibatchSource(data, batch_size=8, seed=5, chunk_size=10, window=2, prefetch=0)
+    loops = [[mb.indices.tolist() for mb in fresh] for _ in range(4)]
+    assert loops[2] != loops[1]  # the epochs differ: the check can fail
+    resumed = MinibatchSource(data, batch_size=8, seed=5, chunk_size=10, window=2, prefetch=0)
+    resumed.set_epoch(2)
+    assert resumed.epoch == 2
+    assert [mb.indices.tolist() for mb in resumed] == loops[2]
+    assert resumed.epoch == 3
+    assert [mb.indices.tolist() for mb in resumed] == loops[3]

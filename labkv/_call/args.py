@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .._types import Key
-from ..devices import as_array, is_cupy
+from ..devices import as_array
 from ..sparse import RowSparseArray
 
 
@@ -48,10 +48,6 @@ def normalize_keys(key: Any) -> tuple[list[Key], bool]:
     if isinstance(key, (list, tuple)):
         return [normalize_key(k) for k in key], False
     return [normalize_key(key)], True
-
-
-def _is_array(value: Any) -> bool:
-    return isinstance(value, np.ndarray) or is_cupy(value)
 
 
 def _one_array(value: Any, key: Key, what: str, position: int | None) -> Any:

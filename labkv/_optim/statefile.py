@@ -44,15 +44,6 @@ def encode_key(key: int | str) -> list:
     return ["int", key] if isinstance(key, int) else ["str", key]
 
 
-def decode_key(encoded: list) -> int | str:
-    kind, key = encoded
-    if kind == "int":
-        return int(key)
-    if kind == "str":
-        return str(key)
-    raise ValueError(f"unknown key kind {kind!r} in optimizer-state file")
-
-
 def save(path: str | os.PathLike, meta: dict[str, Any], arrays: dict[str, Any]) -> None:
     """Write ``meta`` (JSON-able) and named arrays (numpy or CuPy) to ``path``."""
     host = {name: (a.get() if is_cupy(a) else np.asarray(a)) for name, a in arrays.items()}

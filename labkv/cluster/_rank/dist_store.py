@@ -196,12 +196,7 @@ class DistStore(KVStore):
         """The cluster handle of a store made in this process (None in a rank)."""
         return self._handle
 
-    @property
-    def barrier_generation(self) -> int:
-        """How many barriers this rank has entered."""
-        return self._barriers
-
-    def local_server(self, s: int) -> Any:
+    def _local_server(self, s: int) -> Any:
         """Server ``s`` itself when this process calls it in-process (a rank on
         the server's worker), else None."""
         return self._links[s].server if self._links[s].same_process else None
