@@ -200,3 +200,32 @@ def test_the_handles_html_links_the_dashboard_and_labkvs_pages(handle):
     html = handle._repr_html_()
     assert handle.dashboard_link in html
     assert all(url in html for url in labkv.dashboard.urls(handle))
+
+
+def test_a_store_only_the_dashboard_watches_sends_this_process_none_of_its_servers_events(
+    handle,
+):
+    """The servers stream to the scheduler, whose pages show their rounds; the
+    notebook hears none of it until a subscriber that wants the servers' events
+    (a monitor) comes, and stops hearing when it leaves."""
+    link = handle.dashboard_link
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2)
+    mine: list = []
+    with labkv.dashboard.watch(kv), kv.events.subscribe(mine.append, local_only=True):
+        kv.init(["a", "b"], [np.zeros(4), np.zeros(4)])
+        for _ in range(3):
+            kv.push(["a", "b"], [np.ones(4), np.ones(4)])
+        kv.pull("a", out=np.zeros(4))
+        # the servers' rounds reached the scheduler
+        _shows(link, "/individual-labkv-rounds", "every round complete (2 keys)")
+        kv.events.flush()
+        assert mine and all(e.server is None for e in mine), [e for e in mine if e.server]
+        assert not kv._streaming.hearing
+        heard: list = []
+        with kv.events.subscribe(heard.append):  # a monitor: wants the servers' events
+            assert kv._streaming.hearing
+            kv.push("a", np.ones(4))
+            kv.pull("a", out=np.zeros(4))
+            assert wait_until(lambda: any(e.server is not None for e in heard), timeout=30)
+        assert not kv._streaming.hearing
+    kv.close()

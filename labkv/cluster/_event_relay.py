@@ -187,23 +187,24 @@ class EventStream:
 
 class ClusterBus(EventBus):
     """The notebook-side bus of a cluster store: turns streaming on with the
-    first subscriber and off with the last (via ``on_active``; also called
-    when the detail the subscribers ask for changes), and delivers batches
-    that arrive from servers (:meth:`receive`)."""
+    first subscriber and off with the last (via ``on_active(active, remote)``;
+    also called when the detail the subscribers ask for changes, or whether any
+    of them wants the other processes' events here: ``remote``), and delivers
+    batches that arrive from servers (:meth:`receive`)."""
 
-    def __init__(self, store_id: str, on_active: Callable[[bool], None] | None = None):
+    def __init__(self, store_id: str, on_active: Callable[[bool, bool], None] | None = None):
         self._on_active = on_active
         super().__init__(store_id)
-        self._told = (self.active, self.detail_interval, self.detail_burst)
+        self._told = (self.active, self.remote, self.detail_interval, self.detail_burst)
 
     def _changed(self) -> None:
         # Outside the bus lock: telling the servers waits for their answers, which
         # arrive on the Dask client's thread, where batches of events are being
         # delivered under that lock (holding it here deadlocked the two).
-        now = (self.active, self.detail_interval, self.detail_burst)
+        now = (self.active, self.remote, self.detail_interval, self.detail_burst)
         if now != self._told and self._on_active is not None:
             self._told = now
-            self._on_active(self.active)
+            self._on_active(self.active, self.remote)
 
     def receive(self, message: tuple[float, bytes]) -> None:
         """A ``subscribe_topic`` handler: deliver one batch of events (as

@@ -203,7 +203,11 @@ def watch(kv: Any) -> Watch:
 
     listed = install(handle)
     forward = Forward(kv)
-    sub = kv.events.subscribe(forward, detail_interval=DETAIL_INTERVAL, detail_burst=DETAIL_BURST)
+    # local_only: the servers' and ranks' events go to the scheduler, which folds
+    # them; this process need not hear them (a monitor that does asks for them)
+    sub = kv.events.subscribe(
+        forward, detail_interval=DETAIL_INTERVAL, detail_burst=DETAIL_BURST, local_only=True
+    )
     forward.start()
     return Watch(kv, forward, sub, urls(handle), listed)
 

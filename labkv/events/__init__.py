@@ -60,11 +60,13 @@ class Subscription:
         callback: Callable[[Event], Any],
         detail_interval: float = 0.0,
         detail_burst: int = 1,
+        local_only: bool = False,
     ):
         self.bus = bus
         self.callback = callback
         self.detail_interval = detail_interval
         self.detail_burst = detail_burst
+        self.local_only = local_only
 
     def unsubscribe(self) -> None:
         """Stop receiving events (idempotent)."""
@@ -102,6 +104,7 @@ class EventBus:
     ):
         self.store_id = store_id
         self.active = False
+        self.remote = False
         self.detail_interval = 0.0
         self.detail_burst = 1
         self._recording = False
@@ -124,6 +127,7 @@ class EventBus:
         callback: Callable[[Event], Any],
         detail_interval: float = 0.0,
         detail_burst: int = 1,
+        local_only: bool = False,
     ) -> Subscription:
         """Call ``callback(event)`` for every event from now on.
 
@@ -137,6 +141,12 @@ class EventBus:
         every call is an event). A new subscriber hears only of calls made from
         now on: the calls the others' events have not carried yet are delivered
         to them first.
+
+        ``local_only``: the subscriber needs only the events of the calls made
+        in this process. A cluster store's servers (and the ranks of a run on
+        it) still send theirs to the scheduler, but this process receives them
+        only while another subscriber wants them (``labkv.dashboard.watch``:
+        the scheduler folds them itself).
 
         >>> bus = EventBus("s"); first, second = [], []
         >>> _ = bus.subscribe(first.append, detail_interval=60)
@@ -155,7 +165,9 @@ class EventBus:
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         if detail_interval < 0 or detail_burst < 1:
             raise ValueError("detail_interval must be >= 0 and detail_burst >= 1")
-        handle = Subscription(self, callback, float(detail_interval), int(detail_burst))
+        handle = Subscription(
+            self, callback, float(detail_interval), int(detail_burst), bool(local_only)
+        )
         if self._subscribers:
             # The calls counted so far belong to the subscribers there are: delivered
             # now, they never ride on the new subscriber's first event of a key.
@@ -182,6 +194,8 @@ class EventBus:
 
     def _refresh(self) -> None:
         self.active = self._recording or bool(self._subscribers)
+        # whether anything here wants the events other processes make
+        self.remote = self._recording or any(not s.local_only for s in self._subscribers)
         wanted = [s.detail_interval for s in self._subscribers]
         self.detail_interval = 0.0 if self._recording or not wanted else min(wanted)
         self.detail_burst = max((s.detail_burst for s in self._subscribers), default=1)

@@ -1,6 +1,8 @@
 """The server events of a notebook's :class:`~labkv.cluster._rank.dist_store.DistStore`: its servers
 stream their events to the store's topic while its event bus has subscribers
-(a monitor), and stop when the last one leaves."""
+(a monitor), and stop when the last one leaves. This process hears the topic
+only while a subscriber wants those events here: a dashboard's watch does not
+(the scheduler folds them), so a store only it watches costs this process nothing."""
 
 from __future__ import annotations
 
@@ -28,17 +30,19 @@ class Streaming:
         self.client, self.store_id, self.calls, self.timeout = client, store_id, calls, timeout
         self.bus = ClusterBus(store_id, self.set)
         self.streamed = False  # its servers ever streamed events (see close)
+        self.hearing = False  # this process subscribes to the store's topic
 
     def _detail(self) -> tuple[float, int]:
         return self.bus.detail_interval, self.bus.detail_burst
 
-    def set(self, on: bool) -> None:
-        """Stream the servers' events (``on``), or stop them (the bus's callback)."""
+    def set(self, on: bool, hear: bool = True) -> None:
+        """Stream the servers' events (``on``), or stop them (the bus's callback);
+        ``hear``: deliver them to this process's bus too."""
         if not on:
             self._stop()
             return
         self.streamed = True
-        self.client.subscribe_topic(topic_of(self.store_id), self.bus.receive)
+        self._hear(hear)
         calls = self.calls
         sent = [
             (s, calls.call(s, "streaming", True, *self._detail())) for s in range(len(calls.links))
@@ -48,12 +52,19 @@ class Streaming:
         if not on_client_loop(self.client):
             calls.wait(sent, "streaming")
 
+    def _hear(self, hear: bool) -> None:
+        if hear and not self.hearing:
+            self.client.subscribe_topic(topic_of(self.store_id), self.bus.receive)
+        elif not hear and self.hearing:
+            with contextlib.suppress(ValueError):  # close() already unsubscribed
+                self.client.unsubscribe_topic(topic_of(self.store_id))
+        self.hearing = hear
+
     def _stop(self) -> None:
         """Stop the servers' events. After :meth:`close` there is nothing to stop;
         with a server lost, every live server is told first, then the loss is
         raised (the bus has dropped the subscriber by then)."""
-        with contextlib.suppress(ValueError):  # close() already unsubscribed
-            self.client.unsubscribe_topic(topic_of(self.store_id))
+        self._hear(False)
         if self.calls.closed:
             return
         lost: list[BaseException] = []
@@ -88,13 +99,12 @@ class Streaming:
     def failed_over(self) -> None:
         """After a failover: the new primary streams too (while the bus is watched)."""
         if self.bus.active:
-            self.set(True)
+            self.set(True, self.bus.remote)
 
     def close(self, release: Callable[[], None]) -> None:
         """Stop hearing the store's events, ``release()`` its servers, then drop
         the events they left on the scheduler."""
-        if self.bus.active:
-            self.client.unsubscribe_topic(topic_of(self.store_id))
+        self._hear(False)
         release()
         if self.streamed:
             self.forget()
