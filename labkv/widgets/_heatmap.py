@@ -84,6 +84,7 @@ class HeatMap:
         fig.image("image", x=0, y=0, dw="w", dh="h", source=self.source, color_mapper=mapper)
         self.fig = fig
         self.widget = widget_class(fig)
+        self.widget.add_class("labkv-heatmap")  # found by the browser tests
         self.widget.layout.display = "none"
 
     def show(self, model: MonitorModel) -> None:
