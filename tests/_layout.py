@@ -175,25 +175,7 @@ def cycles() -> list[list[str]]:
         m: sorted({t for _, t in imports(m, p, typing=False) if t in known and t != m})
         for m, p in known.items()
     }
-    state: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for t in graph[m]:
-            if state.get(t) == 1:
-                found.append(stack[stack.index(t) :] + [t])
-            elif t not in state:
-                visit(t)
-        stack.pop()
-        state[m] = 2
-
-    for m in graph:
-        if m not in state:
-            visit(m)
-    return found
+    return _circles(graph)
 
 
 LABKV = CLUSTER.parent
