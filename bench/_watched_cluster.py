@@ -75,9 +75,11 @@ class WatchedCluster:
 
         asyncio.run_coroutine_threadsafe(call(), self.group.loop).result(30)
 
-    def _streaming(self, on: bool) -> None:
+    def _streaming(self, on: bool, remote: bool = True) -> None:
         """The bus's first subscriber came or its last left: the servers stream
-        (as ``Streaming.set`` tells them), and so do the ranks (as ``run`` does)."""
+        (as ``Streaming.set`` tells them), and so do the ranks (as ``run`` does).
+        ``remote`` (whether a subscriber wants the servers' events here) is always
+        honoured: the servers' batches reach this bus directly, not by a topic."""
         detail = (self.bus.detail_interval, self.bus.detail_burst) if on else ()
         links = self.group.links
         wait_all([(link, link.call("streaming", on, *detail)) for link in links], "stream", 30)
