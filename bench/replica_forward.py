@@ -5,8 +5,8 @@
 The notebook's own dist_sync store (one rank) on an embedded 2-worker cluster
 makes 500 tiny push+pulls with ``replicas=1`` and with ``replicas=2``, twice
 each, alternating. Each worker times every forward of a log entry from a
-primary to its backup (wrapping ``ReplicaLog._forward_one``), so the table
-sets the forward's median beside the time of a whole push+pull. A benchmark,
+primary to its backup (wrapping ``Forwarder.send`` and ``Forwarder._forwarded``),
+so the table sets the forward's median beside the time of a whole push+pull. A benchmark,
 not a test: it prints, it asserts nothing.
 """
 
@@ -21,26 +21,32 @@ CALLS = 500
 
 
 def _time_forwards() -> None:
-    """In a worker: keep the duration of every forward to a backup."""
-    from labkv.cluster._server.replication import replica_log as _replication
+    """In a worker: keep the duration of every forward to a backup, from the
+    entry sent to every backup's reply (``Forwarder.send`` to ``_forwarded``)."""
+    from labkv.cluster._server.replication import forwarder as _forwarder
 
-    forward = _replication.ReplicaLog._forward_one
-    _replication.forward_times = []
+    send, forwarded = _forwarder.Forwarder.send, _forwarder.Forwarder._forwarded
+    started: dict[tuple[int, int], float] = {}
+    _forwarder.forward_times = []
 
-    async def timed(self, backup, entry):
-        start = time.perf_counter()
-        try:
-            return await forward(self, backup, entry)
-        finally:
-            _replication.forward_times.append(time.perf_counter() - start)
+    def timed_send(self, backups, entry):
+        started[id(self), entry[0]] = time.perf_counter()
+        return send(self, backups, entry)
 
-    _replication.ReplicaLog._forward_one = timed
+    def timed_forwarded(self, backups, outcomes, index):
+        start = started.pop((id(self), index), None)
+        if start is not None:
+            _forwarder.forward_times.append(time.perf_counter() - start)
+        return forwarded(self, backups, outcomes, index)
+
+    _forwarder.Forwarder.send = timed_send
+    _forwarder.Forwarder._forwarded = timed_forwarded
 
 
 def _take_forward_times() -> list[float]:
-    from labkv.cluster._server.replication import replica_log as _replication
+    from labkv.cluster._server.replication import forwarder as _forwarder
 
-    times, _replication.forward_times = _replication.forward_times, []
+    times, _forwarder.forward_times = _forwarder.forward_times, []
     return times
 
 

@@ -129,7 +129,7 @@ class Entry(NamedTuple):
     updates: list[tuple[Key, Any]]
     pushes: list[tuple[str, Key, int]]
     note: Note | None
-    marks: tuple | list = ()  # (key, rank, step, number, digest) each: _server.replication.steps
+    marks: tuple | list = ()  # (key, rank, step, number, digest) each: _server.replication.step_marks
 
 
 def encode_entry(

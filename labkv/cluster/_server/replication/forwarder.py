@@ -1,5 +1,5 @@
 """Replicated servers, how a primary's log entries reach its backups
-(:class:`Forwarder`, for :class:`~.log.ReplicaLog`): each entry goes to every
+(:class:`Forwarder`, for :class:`~.replica_log.ReplicaLog`): each entry goes to every
 live backup, and is acknowledged once each of them applied it or is gone.
 A backup that has become the primary deposes this one, which then
 acknowledges nothing more.
