@@ -129,7 +129,8 @@ class Entry(NamedTuple):
     updates: list[tuple[Key, Any]]
     pushes: list[tuple[str, Key, int]]
     note: Note | None
-    marks: tuple | list = ()  # (key, rank, step, number, digest) each: _server.replication.step_marks
+    # (key, rank, step, number, digest) each: _server.replication.step_marks
+    marks: tuple | list = ()
 
 
 def encode_entry(

@@ -207,7 +207,8 @@ class Updates:
         gets the error now and the other ranks at their next pull of the keys."""
         deferred = [k for k in keys if k in self.table.sliced and self.shard.updater is not None]
         rounds = {k: self.rounds[k] for k in keys}
-        if self.marks:  # a step loop's rounds keep the value they replace (see .replication.step_marks)
+        # a step loop's rounds keep the value they replace (see .replication.step_marks)
+        if self.marks:
             for key in keys:
                 if self.marks.marked(key):
                     value = copied(self.shard.read(key))
