@@ -239,7 +239,8 @@ def spawn_ranks(fn, world_size: int = 2, args: tuple = (), timeout: float = 60.0
     dies, the others are given 5 s and then killed, and :class:`RankFailed` names every
     rank that failed, the first to fail first (what it raised, or its exit code or
     signal), with that rank's traceback and the end of its output. Each process uses
-    one thread (``torch.set_num_threads(1)``)."""
+    one thread (``torch.set_num_threads(1)``) and returns the memory of large buffers
+    when it frees them."""
     import cloudpickle
 
     workdir = tempfile.mkdtemp(prefix="ranks-")
@@ -248,6 +249,10 @@ def spawn_ranks(fn, world_size: int = 2, args: tuple = (), timeout: float = 60.0
     kit = os.path.dirname(os.path.abspath(__file__))
     entry = f"import sys; sys.path.insert(0, {kit!r}); import coursekit; coursekit._rank_process()"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::FutureWarning"}
+    # Buffers of 1 MiB or more are mapped, and unmapped when freed: glibc's own threshold
+    # rises once such a buffer is freed, and the ranks would keep every large size they
+    # ever used (about 100 MiB more per rank in notebook 12's benchmark).
+    env["MALLOC_MMAP_THRESHOLD_"] = "1048576"
     procs, logs = [], []
     for rank in range(world_size):
         log = open(os.path.join(workdir, f"rank{rank}.log"), "w")  # noqa: SIM115 (lives with the process)
