@@ -260,13 +260,14 @@ WRONG = {
         "push_bytes = (len(np.unique(users_in_batch)) + len(np.unique(items_in_batch))) * (K * 4 + 8)  # the batch above, one number",
     ],
     "solutions/12_1.py": [
-        "def sent_per_rank(W, n):\n    return 2 * (W - 1) * n / W, (W - 1) * n / W  # the reduce-scatter taken for a whole all-reduce",
-        "def sent_per_rank(W, n):\n    return (W - 1) * n, (W - 1) * n  # the whole vector at every step",
-        "def sent_per_rank(W, n):\n    return (W - 1) * n / W, n  # the all-to-all taken to send its own chunk too",
-        "def sent_per_rank(W, n):\n    return n / W, n / W  # one step only",
-        "def sent_per_rank(W, n):\n    return (W - 1) * n / W  # one number, not a pair",
+        "def sent_per_rank(W, n, rank):\n    return (W - 1) * n / W, (W - 1) * n / W  # the chunks taken to be equal",
+        "def sent_per_rank(W, n, rank):\n    own = n // 4 // W + (rank < n // 4 % W)\n    return 2 * (n - 4 * own), n - 4 * own  # the reduce-scatter taken for a whole all-reduce",
+        "def sent_per_rank(W, n, rank):\n    return (W - 1) * n, (W - 1) * n  # the whole vector at every step",
+        "def sent_per_rank(W, n, rank):\n    own = n // 4 // W + (rank < n // 4 % W)\n    return n - 4 * own, n  # the all-to-all taken to send its own chunk too",
+        "def sent_per_rank(W, n, rank):\n    own = n // 4 // W + (rank >= W - n // 4 % W)\n    return n - 4 * own, n - 4 * own  # the longer chunks taken to be the last ones",
+        "def sent_per_rank(W, n, rank):\n    return n - 4 * (n // 4 // W)  # one number, not a pair",
         "sent_per_rank = (32768, 32768)  # the case of 48 KiB on 3 ranks typed in",
-        "def sent_per_rank(W, n):\n    return spawn_ranks(hand_collectives, W, ([n],))[0][n][::2]  # measured, not predicted",
+        "def sent_per_rank(W, n, rank):\n    counts = spawn_ranks(hand_collectives, W, ([n],))[rank][n]\n    return counts[0], counts[2]  # measured, not predicted",
     ],
 }
 
