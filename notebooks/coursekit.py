@@ -132,17 +132,19 @@ def wait_for_reseed(kv, handle, events, workers: int, timeout: float = 60.0) -> 
     """Wait until a replicated store ``kv`` seeded a new backup (a ``reseed`` among
     ``events``, the events the notebook collected) and the cluster ``handle`` has
     ``workers`` workers again (the nanny restarts a killed one). The store looks
-    for a worker to seed on when it is called: until the re-seed, this pulls its keys
-    every 0.5 s (where a free worker is at hand the failover itself seeds, and nothing
-    is pulled); then it only waits, so that the monitor's event log holds no calls of
-    its own."""
+    for a worker to seed on when a call of it is answered: until the re-seed, this
+    peeks at its keys every 0.5 s (where a free worker is at hand the failover itself
+    seeds, and nothing is asked). A peek reads the servers' values with no event, so
+    the monitor's event log holds the training's calls only, none of this wait's."""
     deadline = time.monotonic() + timeout
     while not any(e.op == "reseed" for e in events):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no new backup was seeded within {timeout:g} s")
         time.sleep(0.5)
         if not any(e.op == "reseed" for e in events):
-            kv.pull(kv.keys())
+            keys = kv.keys()
+            for key in keys:
+                kv.peek(key)  # a call answered, and no event: not a pull in the log
     while len(handle.workers()) < workers:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the cluster has not {workers} workers again after {timeout:g} s")

@@ -172,6 +172,16 @@ def test_the_heat_map_is_keys_by_ranks_and_drawn_only_while_shown(watched):
     sent = d.plots.heat_widget.patches
     mon.refresh()
     assert d.plots.heat_widget.patches == sent  # unchanged: nothing sent again
+    # every round completes: no grey box, the line above the grid says so
+    kv.events.deliver_many(
+        [_round(k, 0, 4, range(WORKERS), WORKERS, complete=True) for k in range(KEYS)]
+    )
+    mon.refresh()
+    assert d.plots.heat_widget.layout.display == "none"
+    assert f"every round complete ({KEYS} keys)" in d.fanin_note.value
+    kv.events.deliver_many(_rounds_64(time.time()))  # a round waits again: the picture is back
+    mon.refresh()
+    assert d.plots.heat_widget.layout.display is None
 
 
 def test_round_matrix_marks_a_sliced_keys_missing_ranks():

@@ -55,7 +55,9 @@ def round_matrix(
 
 class HeatMap:
     """The bokeh figure of :func:`round_matrix` in a widget made by ``widget_class``;
-    hidden until a round is reported, and sent only when the picture changed."""
+    hidden until a round is reported and while no round waits (every cell would be
+    grey: the line above the grid says every round is complete), and sent only when
+    the picture changed."""
 
     def __init__(self, widget_class: type) -> None:
         from bokeh.models import ColumnDataSource, LinearColorMapper, Range1d
@@ -82,6 +84,7 @@ class HeatMap:
         fig.image("image", x=0, y=0, dw="w", dh="h", source=self.source, color_mapper=mapper)
         self.fig = fig
         self.widget = widget_class(fig)
+        self.widget.add_class("labkv-heatmap")  # found by the browser tests
         self.widget.layout.display = "none"
 
     def show(self, model: MonitorModel) -> None:
@@ -91,6 +94,9 @@ class HeatMap:
         if seen == self._seen or not keys:
             return
         self._seen = seen
+        if not waiting:  # every round complete: an all-grey box would show nothing
+            self.widget.layout.display = "none"
+            return
         self.widget.layout.display = None
         missing = int((picture == MISSING).sum())
         self.fig.title.text = (
