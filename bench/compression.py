@@ -12,7 +12,7 @@ plain copy of the array as the memory's yardstick. Each line gives the best
 and the median of ``--repeats`` runs, in ms and in GB/s of float32 values
 (``4 * size`` bytes over the time). ``--naive`` also times the plain
 ``np.where`` formulation the codec replaced (its numbers are the "before").
-The link bandwidth above which compression stops paying is in docs/cluster.md.
+The link bandwidth above which compression stops paying is in docs/performance.md.
 A benchmark, not a test: it prints a table, it asserts nothing.
 """
 

@@ -20,7 +20,7 @@ few temporaries of a block stay in the CPU's cache and each value crosses
 memory once; CuPy runs each kernel once on the whole array. Unpacking is one
 gather from a 256-entry table (a byte's four, or eight, values). Their speed
 and the link bandwidth below which 2-bit pays: ``bench/compression.py`` and
-docs/cluster.md ("2-bit compression: the codec's cost").
+docs/performance.md ("2-bit compression: the codec's cost").
 
 >>> import numpy as np
 >>> gc = GradientCompression("2bit", 0.5)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,3 +208,139 @@ def summary_section(summary: str, title: str) -> str:
         if found:
             lines.append(line)
     return "\n".join(lines) if found else f"(no {title!r} section in the summary)"
+
+
+# -- notebook 12: torch.distributed process groups ----------------------------------------------
+
+
+class RankFailed(RuntimeError):
+    """A rank of :func:`spawn_ranks` raised, died or did not exit in time; the message
+    names each such rank and ends with the tail of its output."""
+
+
+def spawn_ranks(fn, world_size: int = 2, args: tuple = (), timeout: float = 60.0) -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh Python processes that
+    form one ``torch.distributed`` process group (backend gloo, on the CPU), and return
+    their results, rank 0's first (each must pickle).
+
+    ``fn`` may be defined in the notebook: it travels by value (cloudpickle, as Dask
+    ships a rank function), so a process need not import the notebook. The group is
+    initialised from a file (``init_method="file://..."``: no port to find or to
+    race for). Every rank, once ``fn`` returns, waits at ``dist.barrier()`` for the
+    others before ``dist.destroy_process_group()``, so no rank tears the group down
+    while another still uses it, and then leaves with ``os._exit(0)``, which skips the
+    interpreter's teardown of objects that hold the group's sockets. The processes are
+    joined with ``timeout``: one still running then is killed. When a rank raises or
+    dies, the others are given 5 s and then killed, and :class:`RankFailed` names every
+    rank that failed, the first to fail first (what it raised, or its exit code or
+    signal), with that rank's traceback and the end of its output. Each process uses
+    one thread (``torch.set_num_threads(1)``)."""
+    import cloudpickle
+
+    workdir = tempfile.mkdtemp(prefix="ranks-")
+    with open(os.path.join(workdir, "job.pkl"), "wb") as f:
+        cloudpickle.dump((fn, tuple(args)), f)
+    kit = os.path.dirname(os.path.abspath(__file__))
+    entry = f"import sys; sys.path.insert(0, {kit!r}); import coursekit; coursekit._rank_process()"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::FutureWarning"}
+    procs, logs = [], []
+    for rank in range(world_size):
+        log = open(os.path.join(workdir, f"rank{rank}.log"), "w")  # noqa: SIM115 (lives with the process)
+        logs.append(log)
+        command = [sys.executable, "-c", entry, workdir, str(rank), str(world_size), str(timeout)]
+        procs.append(
+            subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        )
+    deadline, grace, ended = time.monotonic() + timeout, None, {}
+    try:
+        while len(ended) < world_size:
+            now = time.monotonic()
+            for rank, p in enumerate(procs):
+                if rank not in ended and p.poll() is not None:
+                    ended[rank] = now  # when it ended: the first to fail is named first
+            if grace is None and any(procs[rank].returncode != 0 for rank in ended):
+                grace = now + 5.0  # a rank failed: the others may wait for it forever
+            if now > deadline or (grace is not None and now > grace):
+                break
+            time.sleep(0.02)
+    finally:
+        killed = [rank for rank, p in enumerate(procs) if p.poll() is None]
+        for rank in killed:
+            os.killpg(procs[rank].pid, signal.SIGKILL)
+            procs[rank].wait()
+        for log in logs:
+            log.close()
+    failures = []  # (when, rank, one line, details)
+    for rank, p in enumerate(procs):
+        error = os.path.join(workdir, f"rank{rank}.error")
+        when = ended.get(rank, float("inf"))
+        if os.path.exists(error):
+            with open(error) as f:
+                trace = f.read().rstrip()
+            failures.append((when, rank, f"rank {rank} raised {trace.splitlines()[-1]}", trace))
+        elif rank in killed:
+            why = "did not exit" if grace is None else "was still running after another rank failed"
+            failures.append((when, rank, f"rank {rank} {why} within {timeout:g} s: killed", ""))
+        elif p.returncode != 0:
+            code = p.returncode
+            name = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            done = os.path.exists(os.path.join(workdir, f"rank{rank}.result"))
+            after = " after its work was done (at teardown)" if done else ""
+            failures.append((when, rank, f"rank {rank} ended with {name}{after}", ""))
+    if failures:
+        failures.sort()
+        _, first, line, details = failures[0]
+        lines = [line] + [f"then {other}" for _, _, other, _ in failures[1:]]
+        with open(os.path.join(workdir, f"rank{first}.log")) as f:
+            output = f.read()[-2000:].rstrip()
+        lines += [f"--- rank {first}'s traceback:\n{details}"] if details else []
+        lines += [f"--- rank {first}'s output (end):\n{output}"] if output else []
+        lines.append(f"(every rank's files: {workdir})")
+        raise RankFailed("\n".join(lines))
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(workdir, f"rank{rank}.result"), "rb") as f:
+            results.append(pickle.load(f))
+    shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def _rank_process() -> None:
+    """One rank of :func:`spawn_ranks` (``python -c``; argv: workdir, rank, world size,
+    timeout): join the group, run the function, write its result, leave."""
+    import datetime
+    import traceback
+
+    workdir, rank, world_size, timeout = sys.argv[1:5]
+    rank, world_size, timeout = int(rank), int(world_size), float(timeout)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        with open(os.path.join(workdir, "job.pkl"), "rb") as f:
+            fn, args = pickle.load(f)
+        dist.init_process_group(
+            "gloo",
+            init_method="file://" + os.path.join(workdir, "group"),
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        result = fn(rank, world_size, *args)
+        with open(os.path.join(workdir, f"rank{rank}.tmp"), "wb") as f:
+            pickle.dump(result, f)
+        done = os.path.join(workdir, f"rank{rank}")
+        os.replace(done + ".tmp", done + ".result")
+        dist.barrier()  # every rank is done with the group before any tears it down
+        dist.destroy_process_group()
+    except BaseException:
+        with open(os.path.join(workdir, f"rank{rank}.error"), "w") as f:
+            f.write(traceback.format_exc())
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

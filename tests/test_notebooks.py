@@ -271,6 +271,15 @@ WRONG = {
         "push_bytes = (len(np.unique(users_in_batch)) + len(np.unique(items_in_batch))) * (K * 4 + 8)  # the batch above, one number",
         "def push_bytes(user_ids, item_ids):\n    return _bytes_in_of_a_push(fresh, user_ids, item_ids)  # measured, not predicted",
     ],
+    "solutions/12_1.py": [
+        "def sent_per_rank(W, n):\n    return 2 * (W - 1) * n / W, (W - 1) * n / W  # the reduce-scatter taken for a whole all-reduce",
+        "def sent_per_rank(W, n):\n    return (W - 1) * n, (W - 1) * n  # the whole vector at every step",
+        "def sent_per_rank(W, n):\n    return (W - 1) * n / W, n  # the all-to-all taken to send its own chunk too",
+        "def sent_per_rank(W, n):\n    return n / W, n / W  # one step only",
+        "def sent_per_rank(W, n):\n    return (W - 1) * n / W  # one number, not a pair",
+        "sent_per_rank = (32768, 32768)  # the case of 48 KiB on 3 ranks typed in",
+        "def sent_per_rank(W, n):\n    return spawn_ranks(hand_collectives, W, ([n],))[0][n][::2]  # measured, not predicted",
+    ],
 }
 
 

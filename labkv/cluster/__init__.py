@@ -9,7 +9,8 @@
   ``for step in kv.steps(n)`` (each a :class:`Step`) lets ``run`` replace a
   rank lost mid-run (``on_rank_loss="replace"``).
 
-See ``docs/cluster.md`` for the design and every scheduling choice.
+See ``docs/cluster.md`` for how to use it, ``docs/design.md`` for its map and
+every scheduling choice, ``docs/performance.md`` for the measurements.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ value summary per push.
 
 Why ``log_event``/``subscribe_topic``: it is push-based, keeps per-server
 order, and rides the worker's and scheduler's existing batched streams
-(~2 ms latency measured here, see ``docs/cluster.md``); polling an actor for
+(~2 ms latency measured here; ``docs/design.md``, "How calls travel"); polling an actor for
 its buffer queues behind pushes on the same actor, and ``distributed.Queue``
 costs a scheduler round trip per put.
 
