@@ -93,19 +93,12 @@ def shown_monitor(kv):
     return mon
 
 
-def last_picture(mon, key, pulls_beyond_pushes: int, timeout: float = 20.0) -> None:
-    """Wait until the monitor ``mon`` has heard every call of a finished run, print the
-    first section of its text summary (its counts), and close it: its last picture
-    stays on the page, whole (notebook 07). The servers report the pushes and the ranks
-    their own pulls, a batch later; the run is heard in full once ``key`` shows
-    ``pulls_beyond_pushes`` more pulls than pushes (in notebook 07's ``train`` each step
-    pulls and pushes once, and each rank pulls once more before the first epoch and
-    after each one)."""
-    settle(
-        mon,
-        until=lambda m: m.keys[key].pulls == m.keys[key].pushes + pulls_beyond_pushes,
-        timeout=timeout,
-    )
+def last_picture(mon, timeout: float = 20.0) -> None:
+    """Wait until the monitor ``mon`` has heard every call of a finished run
+    (:meth:`~labkv.widgets.Monitor.settle`: the servers report the pushes and the ranks
+    their own pulls, a batch later), print the first section of its text summary (its
+    counts), and close it: its last picture stays on the page, whole (notebook 07)."""
+    mon.settle(timeout=timeout)
     print(mon.summary(events=0).split("\n\n")[0])
     mon.close()
 
