@@ -16,7 +16,7 @@ import labkv.sparse as sparse
 from labkv.cluster import ClusterError, run
 from labkv.cluster._event_relay import topic_of
 from labkv.widgets import monitor
-from labkv.widgets._tables import fanin_table
+from labkv.widgets._render.tables import fanin_table
 from tests._waiting import wait_until
 
 

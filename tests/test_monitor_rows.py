@@ -12,7 +12,7 @@ import labkv
 import labkv.sparse as sparse
 from labkv.events import Event, EventBus, compact_rows
 from labkv.widgets import MonitorModel
-from labkv.widgets._tables import keys_table
+from labkv.widgets._render.tables import keys_table
 from tests._inprocess import InProcessCluster
 
 ROWS, WIDTH, CALLS = 100, 4, 25

@@ -42,7 +42,7 @@ def test_notebook_is_committed_without_outputs(path):
 
 def private_imports(tree: ast.AST) -> list[str]:
     """What the code imports from labkv that is not public: a private module
-    (``labkv.widgets._tables``), a private name, or a name that its module's
+    (``labkv.widgets._render.tables``), a private name, or a name that its module's
     ``__all__`` does not list (``from labkv.cluster import DistStore`` is fine,
     ``from labkv.shard import Shard`` is not)."""
     found = []
@@ -66,9 +66,9 @@ def private_imports(tree: ast.AST) -> list[str]:
 @pytest.mark.parametrize(
     "source",
     [
-        "import labkv.widgets._tables",
+        "import labkv.widgets._render.tables",
         "import labkv.cluster._rank.dist_store as store",
-        "from labkv.widgets._tables import key_rows",
+        "from labkv.widgets._render.tables import key_rows",
         "from labkv.cluster import _store",
         "from labkv import _arrays",
         "from labkv.shard import Shard",

@@ -14,9 +14,9 @@ import labkv
 from labkv.events import Event
 from labkv.widgets import MonitorModel, monitor
 from labkv.widgets._eventlog import GROUP_SPAN, log_view
-from labkv.widgets._format import fmt_bytes
 from labkv.widgets._heatmap import MISSING, PUSHED, round_matrix
-from labkv.widgets._tables import KEY_ROWS
+from labkv.widgets._render.format import fmt_bytes
+from labkv.widgets._render.tables import KEY_ROWS
 from tests.test_widgets_model import _round
 from tests.test_widgets_views import show
 

@@ -3,7 +3,7 @@ byte a cell (complete, pushed, missing), drawn as one bokeh image. 500 keys x
 64 ranks are 32,000 bytes; as an HTML table they were 34,000 cells and 1.16 MB.
 
 >>> from labkv.events import Event
->>> from labkv.widgets._model import MonitorModel
+>>> from labkv.widgets._model.monitor_model import MonitorModel
 >>> m = MonitorModel()
 >>> for key, missing in (("a", []), ("b", [1])):
 ...     m.on_event(Event(0, 1.0, "dist_sync", "round", key, server=0, extra={"round": 2,
@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._fanin import waiting_first
-from ._format import fmt_key
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
+from ._render.format import fmt_key
 
 __all__ = ["COMPLETE", "HEAT_KEYS", "MISSING", "PUSHED", "HeatMap", "round_matrix"]
 

@@ -30,10 +30,10 @@ from collections.abc import Iterator
 from itertools import compress
 from typing import Any
 
-from .._types import Key
-from ..events import Event, compact_rows, round_rows
-from ._folds import fold_failover, fold_rows
-from ._records import CHANGING_OPS, UPDATER_OPS, FanIn, KeyClocks, KeyStats, ServerLoad, Summary
+from ..._types import Key
+from ...events import Event, compact_rows, round_rows
+from .folds import fold_failover, fold_rows
+from .records import CHANGING_OPS, UPDATER_OPS, FanIn, KeyClocks, KeyStats, ServerLoad, Summary
 
 __all__ = ["FanIn", "KeyClocks", "KeyStats", "MonitorModel", "ServerLoad"]
 
