@@ -1,6 +1,6 @@
 """How long each course notebook's "Run All" takes, and how much memory, against its goals.
 
-    python bench/runall.py [--repeat 1] [--memory] [01 05b ...]
+    python bench/runall.py [--repeat 1] [--memory] [--hogs 4] [01 05b ...]
 
 Runs every notebook (or those whose name starts with one of the arguments)
 top to bottom in a fresh kernel with nbclient, as tests/test_notebooks.py
@@ -25,16 +25,28 @@ and prints the peak of their sum against Binder's budget for one notebook
 each process's PSS (``/proc/PID/smaps_rollup``): pages shared between the
 processes (numpy's and Python's libraries) are counted once in all, as a
 container's memory limit counts them, where RSS would count them in each.
+
+``--hogs N`` is the course's acceptance check on a busy laptop: N CPU-bound
+processes (``while True: pass``, each started with ``setsid`` so that the
+kernel's own session does not shield it; two per core is the check) run beside
+every notebook. Each run then also reports whether it ran to the end (the cell
+and error where it did not) and how many outputs went to stderr (Dask's logs
+must stay out of the cells); the exit status is 1 if any run failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -99,10 +111,18 @@ class PeakMemory:
         return self.peak
 
 
-def run_all(path: Path, memory: bool = False) -> tuple[float, float | None]:
-    """Seconds to run the notebook top to bottom in a new kernel (kernel start
-    excluded), and with ``memory`` the peak MiB of its process tree."""
+class Run:
+    """One Run All: its seconds, peak MiB (with ``memory``), the error that stopped
+    it (None: it ran to the end) and how many outputs went to stderr."""
+
+    def __init__(self, seconds: float, peak: float | None, error: str | None, stderr: int):
+        self.seconds, self.peak, self.error, self.stderr = seconds, peak, error, stderr
+
+
+def run_all(path: Path, memory: bool = False) -> Run:
+    """Run the notebook top to bottom in a new kernel (kernel start excluded)."""
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
@@ -113,16 +133,41 @@ def run_all(path: Path, memory: bool = False) -> tuple[float, float | None]:
         allow_errors=False,
         resources={"metadata": {"path": str(path.parent)}},
     )
+    error = None
     with client.setup_kernel():
         sampler = PeakMemory(client.km.provisioner.pid) if memory else None
         start = time.perf_counter()
         try:
             for index, cell in enumerate(nb.cells):
-                client.execute_cell(cell, index)
+                try:
+                    client.execute_cell(cell, index)
+                except CellExecutionError as exc:
+                    error = f"cell {index}: {exc.ename}: {exc.evalue}"[:300]
+                    break
             seconds = time.perf_counter() - start
         finally:
             peak = sampler.stop() if sampler is not None else None
-    return seconds, peak
+    stderr = sum(
+        o.get("output_type") == "stream" and o.get("name") == "stderr"
+        for c in nb.cells
+        if c.cell_type == "code" and "raises-exception" not in c.metadata.get("tags", [])
+        for o in c.outputs
+    )
+    return Run(seconds, peak, error, stderr)
+
+
+@contextlib.contextmanager
+def hogs(count: int) -> Iterator[None]:
+    """``count`` busy loops, each in a session of its own, for as long as the block runs."""
+    loop = [sys.executable, "-c", "while True: pass"]
+    started = [subprocess.Popen(["setsid", *loop]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def line(name: str, seconds: float, said: float | None) -> str:
@@ -138,34 +183,46 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--browser-reports", type=Path, default=None)
     parser.add_argument("--memory", action="store_true", help="also the peak memory")
+    parser.add_argument("--hogs", type=int, default=0, help="CPU-bound processes beside")
     args = parser.parse_args()
     chosen = [p for p in NOTEBOOKS if not args.only or p.stem.startswith(tuple(args.only))]
-    over = heavy = 0
-    for path in chosen:
-        peak = None
-        if args.browser_reports is not None:
-            report = args.browser_reports / f"{path.stem}.json"
-            if not report.exists():
-                print(f"{path.stem:42s} no report in {args.browser_reports}")
-                continue
-            seconds = json.loads(report.read_text())["seconds"]
-        else:
-            runs = [run_all(path, args.memory) for _ in range(args.repeat)]
-            seconds = min(s for s, _ in runs)
-            if args.memory:
-                peak = max(p for _, p in runs)
-        over += seconds > GOAL_S
-        text = line(path.stem, seconds, announced(path))
-        if peak is not None:
-            heavy += peak > MEMORY_GOAL_MIB
-            text += (
-                f"  peak {peak:5.0f} MiB {peak / MEMORY_GOAL_MIB:5.2f}x of {MEMORY_GOAL_MIB:.0f}"
-            )
-        print(text, flush=True)
+    over = heavy = failed = noisy = runs_made = 0
+    if args.hogs:
+        print(f"{args.hogs} CPU hogs beside every notebook ({os.cpu_count()} cores)", flush=True)
+    with hogs(args.hogs):
+        for path in chosen:
+            peak = None
+            if args.browser_reports is not None:
+                report = args.browser_reports / f"{path.stem}.json"
+                if not report.exists():
+                    print(f"{path.stem:42s} no report in {args.browser_reports}")
+                    continue
+                seconds = json.loads(report.read_text())["seconds"]
+            else:
+                runs = [run_all(path, args.memory) for _ in range(args.repeat)]
+                runs_made += len(runs)
+                for run in runs:
+                    failed += run.error is not None
+                    noisy += run.stderr > 0
+                    if run.error is not None or run.stderr:
+                        print(
+                            f"{path.stem:42s} stopped at {run.error}; {run.stderr} stderr outputs"
+                        )
+                seconds = min(run.seconds for run in runs)
+                if args.memory:
+                    peak = max(run.peak for run in runs)
+            over += seconds > GOAL_S
+            text = line(path.stem, seconds, announced(path))
+            if peak is not None:
+                heavy += peak > MEMORY_GOAL_MIB
+                text += f"  peak {peak:5.0f} MiB {peak / MEMORY_GOAL_MIB:5.2f}x of {MEMORY_GOAL_MIB:.0f}"
+            print(text, flush=True)
     print(f"{over} of {len(chosen)} notebooks over the {GOAL_S:.0f} s goal")
     if args.memory:
         print(f"{heavy} of {len(chosen)} notebooks over the {MEMORY_GOAL_MIB:.0f} MiB goal")
-    sys.exit(0)
+    if runs_made:
+        print(f"{failed} of {runs_made} runs stopped by an error, {noisy} wrote to stderr")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """A store as a notebook shows it: ``KVStore._repr_html_``.
 
 The table of keys (shape, dtype, placement, bytes) and of bytes per server
-or device uses the monitor's formatting (:mod:`labkv.widgets._format`) and its
-one escaping sink (:mod:`labkv.widgets._html`), so a key named like markup
+or device uses the monitor's formatting (:mod:`labkv.widgets._render.format`) and its
+one escaping sink (:mod:`labkv.widgets._render.html`), so a key named like markup
 shows as text. Rendering never raises: what it cannot read becomes a line
 that says so.
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .widgets._format import fmt_bytes, fmt_key, fmt_placement, fmt_shape
-from .widgets._html import STYLE, esc, table_html
+from .widgets._render.format import fmt_bytes, fmt_key, fmt_placement, fmt_shape
+from .widgets._render.html import STYLE, esc, table_html
 
 __all__ = ["KEY_ROWS", "store_html"]
 

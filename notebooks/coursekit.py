@@ -93,19 +93,12 @@ def shown_monitor(kv):
     return mon
 
 
-def last_picture(mon, key, pulls_beyond_pushes: int, timeout: float = 20.0) -> None:
-    """Wait until the monitor ``mon`` has heard every call of a finished run, print the
-    first section of its text summary (its counts), and close it: its last picture
-    stays on the page, whole (notebook 07). The servers report the pushes and the ranks
-    their own pulls, a batch later; the run is heard in full once ``key`` shows
-    ``pulls_beyond_pushes`` more pulls than pushes (in notebook 07's ``train`` each step
-    pulls and pushes once, and each rank pulls once more before the first epoch and
-    after each one)."""
-    settle(
-        mon,
-        until=lambda m: m.keys[key].pulls == m.keys[key].pushes + pulls_beyond_pushes,
-        timeout=timeout,
-    )
+def last_picture(mon, timeout: float = 20.0) -> None:
+    """Wait until the monitor ``mon`` has heard every call of a finished run
+    (:meth:`~labkv.widgets.Monitor.settle`: the servers report the pushes and the ranks
+    their own pulls, a batch later), print the first section of its text summary (its
+    counts), and close it: its last picture stays on the page, whole (notebook 07)."""
+    mon.settle(timeout=timeout)
     print(mon.summary(events=0).split("\n\n")[0])
     mon.close()
 
@@ -132,17 +125,19 @@ def wait_for_reseed(kv, handle, events, workers: int, timeout: float = 60.0) -> 
     """Wait until a replicated store ``kv`` seeded a new backup (a ``reseed`` among
     ``events``, the events the notebook collected) and the cluster ``handle`` has
     ``workers`` workers again (the nanny restarts a killed one). The store looks
-    for a worker to seed on when it is called: until the re-seed, this pulls its keys
-    every 0.5 s (where a free worker is at hand the failover itself seeds, and nothing
-    is pulled); then it only waits, so that the monitor's event log holds no calls of
-    its own."""
+    for a worker to seed on when a call of it is answered: until the re-seed, this
+    peeks at its keys every 0.5 s (where a free worker is at hand the failover itself
+    seeds, and nothing is asked). A peek reads the servers' values with no event, so
+    the monitor's event log holds the training's calls only, none of this wait's."""
     deadline = time.monotonic() + timeout
     while not any(e.op == "reseed" for e in events):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no new backup was seeded within {timeout:g} s")
         time.sleep(0.5)
         if not any(e.op == "reseed" for e in events):
-            kv.pull(kv.keys())
+            keys = kv.keys()
+            for key in keys:
+                kv.peek(key)  # a call answered, and no event: not a pull in the log
     while len(handle.workers()) < workers:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the cluster has not {workers} workers again after {timeout:g} s")

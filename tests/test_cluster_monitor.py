@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 import labkv
+import labkv.sparse as sparse
 from labkv.cluster import ClusterError, run
 from labkv.cluster._event_relay import topic_of
 from labkv.widgets import monitor
-from labkv.widgets._tables import fanin_table
+from labkv.widgets._render.tables import fanin_table
 from tests._waiting import wait_until
 
 
@@ -60,6 +61,36 @@ def test_sliced_key_pushes_are_counted_once_per_rank_push(handle):
         assert set(loads) == {0, 1} and all(s.bytes_in > 0 for s in loads.values())
     finally:
         mon.close()
+
+
+def _rows_each_way(kv, rows, width, calls):
+    grad = sparse.row_sparse_array((np.ones((len(rows), width), np.float32), rows), (2000, width))
+    for _ in range(calls):
+        kv.push("e", grad)
+        kv.row_sparse_pull("e", out=sparse.zeros("row_sparse", (2000, width)), row_ids=rows)
+
+
+def test_a_row_sparse_key_on_two_servers_shows_the_bytes_it_pushed(handle):
+    """Review 2026-12-04 (b)8: the keys table showed one server's piece of a push of
+    a row-sparse key cut over 2 servers, about half its bytes. Pushes and pulls of the
+    same rows move the same bytes (values and int64 ids), which the servers counted."""
+    rows, width, calls = np.arange(0, 2000, 7), 8, 2
+    per_call = len(rows) * (width * 4 + 8)
+    kv = labkv.create("dist_sync", cluster=handle, num_servers=2)
+    mon = monitor(kv)
+    try:
+        kv.init("e", sparse.zeros("row_sparse", (2000, width), dtype="float32"))
+        assert len(kv.placement()["e"]) == 2  # cut over both servers
+        before = kv.server_load()
+        run(_rows_each_way, num_workers=2, kvstore=kv, args=(rows, width, calls))
+        after = kv.server_load()
+        received = sum(a["bytes_in"] - b["bytes_in"] for a, b in zip(after, before))
+        assert received == 2 * calls * (per_call + len(rows) * 8)  # pushes, and pulls' ids
+        stats = _settled(mon, "e", lambda s: s.pushes == 2 * calls and s.pulls == 2 * calls)
+        assert stats.bytes_in == stats.bytes_out == 2 * calls * per_call
+    finally:
+        mon.close()
+        kv.close()
 
 
 def test_fanin_grid_shows_the_lagging_rank_missing(handle):

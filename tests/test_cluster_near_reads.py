@@ -382,7 +382,7 @@ def _push_and_pull(kv):
 def _watched(handle, run, kind, replicas):
     """A watched run of two ranks: the events the notebook's store heard (as the
     monitor folds them) once every server flushed."""
-    from labkv.widgets._model import MonitorModel
+    from labkv.widgets._model.monitor_model import MonitorModel
 
     kw = {"staleness": 0} if kind == "dist_ssp" else {}
     kv = labkv.create(kind, cluster=handle, num_servers=2, replicas=replicas, **kw)

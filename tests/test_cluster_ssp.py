@@ -281,7 +281,7 @@ def test_the_clocks_panel_shows_the_slow_rank_as_slowest(handle):
     import threading
 
     from labkv.widgets import monitor
-    from labkv.widgets._tables import clocks_table
+    from labkv.widgets._render.tables import clocks_table
 
     kv = labkv.create("dist_ssp", cluster=handle, num_servers=2, staleness=1)
     mon = monitor(kv)

@@ -17,7 +17,7 @@ from labkv.widgets import MonitorModel, monitor
 from labkv.widgets._eventlog import log_table
 from labkv.widgets._legend import LEGEND, OPS_LEGEND, calls_line
 from labkv.widgets._monitor import DETAIL_INTERVAL
-from labkv.widgets._tables import keys_table, lost_note, servers_table
+from labkv.widgets._render.tables import keys_table, lost_note, servers_table
 from tests._inprocess import InProcessCluster
 
 FAILOVER = {"lost": ["tcp://a:1"], "replicas": ["tcp://b:2"], "primary": "tcp://b:2"}

@@ -12,7 +12,7 @@ import labkv
 import labkv.sparse as sparse
 from labkv.events import Event, EventBus, compact_rows
 from labkv.widgets import MonitorModel
-from labkv.widgets._tables import keys_table
+from labkv.widgets._render.tables import keys_table
 from tests._inprocess import InProcessCluster
 
 ROWS, WIDTH, CALLS = 100, 4, 25
@@ -160,3 +160,40 @@ def test_on_a_cluster_the_ranks_give_the_rows_and_the_servers_the_counts():
     model.flush()
     stats = model.keys["e"]
     assert (stats.pushes, stats.rows_in, stats.sparse) == (3, 3 * 4 + 10, True)
+
+
+def test_a_key_cut_over_two_servers_is_pushed_the_bytes_of_every_piece():
+    """Each server's receipt of a push of a key cut over 2 servers holds its own rows
+    (and their ids): the key's pushed bytes are the pieces' sum, detailed or counted
+    in a record, and the push is counted once (slice 0's receipt)."""
+    model = MonitorModel()
+    rsp = {"stype": "row_sparse"}
+    model.on_event(Event(0, 1.0, "dist_sync-x", "init", "e", shape=(8, 2), extra=dict(rsp)))
+    pieces = {0: 3 * (8 + 8), 1: 5 * (8 + 8)}  # server 0 got 3 rows, server 1 five
+    for server, nbytes in pieces.items():
+        model.on_event(
+            Event(
+                0, 1.0, "dist_sync-x", "push", "e", rank=0, server=server, nbytes=nbytes,
+                extra=dict(rsp), first_piece=server == 0,
+            )
+        )  # fmt: skip
+    model.on_event(Event(0, 1.1, "dist_sync-x", "push", "e", rank=0, extra={**rsp, "rows": 8}))
+    for server, nbytes in pieces.items():  # two more pushes each, only counted
+        record = {"keys": ["e"], "counts": [2], "nbytes": [2 * nbytes], "first": [server == 0]}
+        model.on_event(
+            Event(0, 2.0, "dist_sync-x", "push", None, server=server, count=2, tally=True,
+                  extra=record)
+        )  # fmt: skip
+    rank_record = {"keys": ["e"], "counts": [2], "nbytes": [2 * 8 * 16], "rows": [16]}
+    model.on_event(
+        Event(0, 2.0, "dist_sync-x", "push", None, rank=0, count=2, tally=True, extra=rank_record)
+    )  # the rank's view of those pushes: their rows
+    model.on_event(
+        Event(0, 2.0, "dist_sync-x", "pull", "e", rank=0, count=3, nbytes=3 * 8 * 16,
+              extra={**rsp, "rows": 24})
+    )  # fmt: skip
+    model.flush()
+    stats = model.keys["e"]
+    assert (stats.pushes, stats.pulls) == (3, 3)
+    assert stats.bytes_in == stats.bytes_out == 3 * 8 * 16
+    assert _column(model, "e")["rows per push / pull"] == "8 / 8"

@@ -42,7 +42,7 @@ def test_notebook_is_committed_without_outputs(path):
 
 def private_imports(tree: ast.AST) -> list[str]:
     """What the code imports from labkv that is not public: a private module
-    (``labkv.widgets._tables``), a private name, or a name that its module's
+    (``labkv.widgets._render.tables``), a private name, or a name that its module's
     ``__all__`` does not list (``from labkv.cluster import DistStore`` is fine,
     ``from labkv.shard import Shard`` is not)."""
     found = []
@@ -66,9 +66,9 @@ def private_imports(tree: ast.AST) -> list[str]:
 @pytest.mark.parametrize(
     "source",
     [
-        "import labkv.widgets._tables",
+        "import labkv.widgets._render.tables",
         "import labkv.cluster._rank.dist_store as store",
-        "from labkv.widgets._tables import key_rows",
+        "from labkv.widgets._render.tables import key_rows",
         "from labkv.cluster import _store",
         "from labkv import _arrays",
         "from labkv.shard import Shard",
@@ -140,6 +140,7 @@ WRONG = {
         "def momentum_weight(grads):\n    mom = w = 0.0\n    for g in grads:\n        mom = 0.9 * mom + 0.1 * g  # a moving average of the gradients\n        w -= 0.1 * mom\n    return w",
         "def momentum_weight(grads):\n    mom = w = 0.0\n    for g in grads:\n        mom = 0.9 * mom - 0.1 * g\n        w -= mom  # the step's sign flipped\n    return w",
         "momentum_weight = -(0.1 + 0.19 + 0.271)  # three pushes of 1, typed in",
+        "def momentum_weight(grads):\n    return _weight_on_a_store(grads)  # measured, not predicted",
     ],
     "solutions/02_2.py": [
         "def pushes_to_send(g, threshold):\n    return int(threshold / abs(g))  # rounded down: 0.4 taken to reach 0.5",
@@ -155,6 +156,7 @@ WRONG = {
         "def reducer_traffic(n, nbytes):\n    return 3 * (n - 1) * nbytes + 2 * n * nbytes  # a single value taken to cost nothing",
         "def reducer_traffic(n, nbytes):\n    return 2 * nbytes if n == 1 else 3 * (n - 1) * nbytes  # the pull forgotten",
         "reducer_traffic = 17 * (1920 << 20)  # one number typed in",
+        "def reducer_traffic(n, nbytes):\n    return _measured_traffic(n, nbytes)  # measured, not predicted",
     ],
     "solutions/04_1.py": [
         "def on_server_1(key, rows, cols):\n    return rows * cols if key % 2 else 0  # never sliced",
@@ -162,6 +164,7 @@ WRONG = {
         "def on_server_1(key, rows, cols):\n    n = rows * cols\n    return n // 2 if n >= 10_000 else (n if key % 2 else 0)  # the larger slice on server 0",
         "def on_server_1(key, rows, cols):\n    n = rows * cols\n    return 4 * (n - n // 2) if n >= 10_000 else (4 * n if key % 2 else 0)  # bytes, not elements",
         "on_server_1 = 300 * 50 // 2  # the case of (300, 50) typed in",
+        "def on_server_1(key, rows, cols):\n    return ex1_measured[key]  # the check's measurement read back",
     ],
     "solutions/04_2.py": [
         "def per_server(W, S):\n    return 2 * EX_ELEMENTS * 4 * W  # the servers not counted",
@@ -169,6 +172,7 @@ WRONG = {
         "def per_server(W, S):\n    return 2 * EX_ELEMENTS * 4 / S  # the ranks not counted",
         "def per_server(W, S):\n    return 2 * EX_ELEMENTS * W / S  # elements, not bytes",
         "per_server = {c: 2 * 1_000_000 * c[0] / c[1] for c in [(2, 1), (2, 2), (4, 2), (4, 4)]}  # four values typed in",
+        "def per_server(W, S):\n    return max(bytes_per_server(W, S, EX_ELEMENTS, 2)[0])  # measured, not predicted",
     ],
     "solutions/05_1.py": [
         "def updater_calls(W, steps):\n    return W * steps, W * steps  # pushes counted, not updater calls",
@@ -184,6 +188,7 @@ WRONG = {
         "def pulls_that_wait(s):\n    return [k - s >= 0 for k in range(1, 5)]  # the bound taken as s - 1",
         "def pulls_that_wait(s):\n    return [k - s >= 2 for k in range(1, 5)]  # the bound taken as s + 1",
         "pulls_that_wait = [False, False, True, True]  # the case of staleness 2 typed in",
+        'def pulls_that_wait(s):\n    return run(ssp_waits, num_workers=W, kvstore="dist_ssp", staleness=s, cluster=handle, args=(0.5,))[0]  # measured',
     ],
     "solutions/05b_1.py": [
         "def flag_read_by_rank_1(inits, pushed):\n    return inits[1], pushed  # rank 1's own init taken to count",
@@ -191,6 +196,7 @@ WRONG = {
         "def flag_read_by_rank_1(inits, pushed):\n    return inits[0], inits[0]  # the barrier taken to change nothing",
         "flag_read_by_rank_1 = (10.0, 99.0)  # the case of 10, 20 and 99 typed in",
         "def flag_read_by_rank_1(inits, pushed):\n    return pushed  # one number",
+        'def flag_read_by_rank_1(inits, pushed):\n    return tuple(run(read_by_rank_1, W, kvstore="dist_async", cluster=handle, args=(inits, pushed, b))[1] for b in (False, True))  # measured',
     ],
     "solutions/06_1.py": [
         "def steps_per_rank(N, B, W):\n    return -(-N // B), N // B  # the ranks forgotten",
@@ -198,6 +204,7 @@ WRONG = {
         "def steps_per_rank(N, B, W):\n    return -(-N // (W * B)), -(-N // (W * B))  # drop_last taken to drop nothing",
         "def steps_per_rank(N, B, W):\n    return round(N / (W * B)), N // (W * B)  # rounded, not padded",
         "steps_per_rank = (6, 5)  # the case of 1000 samples typed in",
+        'def steps_per_rank(N, B, W):\n    return tuple(len(MinibatchSource({"x": np.arange(N)}, batch_size=B, rank=0, num_workers=W, drop_last=d)) for d in (False, True))  # asked, not predicted',
     ],
     "solutions/06_2.py": [
         "def reads_per_rank(N, W, B):\n    return N // W, N // W  # every rank reads only its share",
@@ -205,6 +212,7 @@ WRONG = {
         "def reads_per_rank(N, W, B):\n    return N, W * B  # a partition taken to read one global batch",
         "def reads_per_rank(N, W, B):\n    return N * W, N // W  # every rank's reads, not one rank's",
         "reads_per_rank = (1200, 200)  # the case of 1200 samples and 6 ranks typed in",
+        "def reads_per_rank(N, W, B):\n    return cntk_rank(np.arange(N), 0, W, B)[0], labkv_rank(np.arange(N), 0, W, B)[0]  # measured, not predicted",
     ],
     "solutions/07_1.py": [
         "def epoch_bytes(N, W):\n    steps = N // (W * 32)  # the padded step forgotten\n    return W * steps * 19240, W * (steps + 2) * 19240",
@@ -212,6 +220,7 @@ WRONG = {
         "def epoch_bytes(N, W):\n    steps = -(-N // 32)  # the ranks forgotten in the steps\n    return W * steps * 19240, W * (steps + 2) * 19240",
         "epoch_bytes = (2 * 22 * 19240, 2 * 24 * 19240)  # the case of 1400 images and 2 ranks typed in",
         "def epoch_bytes(N, W):\n    return 2 * 22 * 19240  # one number, not a pair",
+        "def epoch_bytes(N, W):\n    return _bytes_of_an_epoch(N, W)  # measured, not predicted",
     ],
     "solutions/07_2.py": [
         "def sent_at_last_step(n):\n    return n, n  # the alias forgotten",
@@ -227,6 +236,7 @@ WRONG = {
         "def step_without_states(lr, m, g):\n    return -m * lr * g  # the momentum factor applied to the first step",
         "def step_without_states(lr, m, g):\n    return float((after_resume[1] - checkpoint[1])[0])  # the step with the saved momentum",
         "step_without_states = -0.1  # the case of lr 0.1 and gradient 1 typed in",
+        "def step_without_states(lr, m, g):\n    return _step_of_a_resumed_store(lr, m, g)  # measured, not predicted",
     ],
     "solutions/09_1.py": [
         "def servers_per_worker(S, n):\n    return [len(range(i, S, n)) for i in reversed(range(n))]  # the round-robin starts at the last worker",
@@ -234,6 +244,7 @@ WRONG = {
         "def servers_per_worker(S, n):\n    return [S // n] * n  # the servers left over forgotten",
         "servers_per_worker = [2, 1]  # the case of 3 servers typed in",
         "def servers_per_worker(S, n):\n    return 2  # one number, not a count per worker",
+        "def servers_per_worker(S, n):\n    return _hosted(S)  # measured, not predicted",
     ],
     "solutions/10_1.py": [
         "def ring_sent(W, M):\n    return (W - 1) * M / W  # the reduce-scatter only",
@@ -258,6 +269,7 @@ WRONG = {
         "def push_bytes(user_ids, item_ids):\n    return (len(np.unique(user_ids)) + len(np.unique(item_ids))) * K * 4  # the row numbers forgotten",
         "def push_bytes(user_ids, item_ids):\n    return (len(np.unique(user_ids)) + len(np.unique(item_ids))) * (K * 4 + 4)  # int32 row numbers",
         "push_bytes = (len(np.unique(users_in_batch)) + len(np.unique(items_in_batch))) * (K * 4 + 8)  # the batch above, one number",
+        "def push_bytes(user_ids, item_ids):\n    return _bytes_in_of_a_push(fresh, user_ids, item_ids)  # measured, not predicted",
     ],
     "solutions/12_1.py": [
         "def sent_per_rank(W, n, rank):\n    return (W - 1) * n / W, (W - 1) * n / W  # the chunks taken to be equal",

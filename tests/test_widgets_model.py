@@ -13,9 +13,9 @@ from labkv.widgets import MonitorModel, monitor
 from labkv.widgets._clocks import clocks_grid, clocks_table
 from labkv.widgets._eventlog import EventRows, log_row, log_table
 from labkv.widgets._fanin import fanin_grid, fanin_note, fanin_table
-from labkv.widgets._format import fmt_time
-from labkv.widgets._html import table_html
-from labkv.widgets._tables import keys_table, servers_table
+from labkv.widgets._render.format import fmt_time
+from labkv.widgets._render.html import table_html
+from labkv.widgets._render.tables import keys_table, servers_table
 from labkv.widgets._tracetable import trace_table
 
 SHAPE = (2, 3)

@@ -14,9 +14,9 @@ import labkv
 from labkv.events import Event
 from labkv.widgets import MonitorModel, monitor
 from labkv.widgets._eventlog import GROUP_SPAN, log_view
-from labkv.widgets._format import fmt_bytes
 from labkv.widgets._heatmap import MISSING, PUSHED, round_matrix
-from labkv.widgets._tables import KEY_ROWS
+from labkv.widgets._render.format import fmt_bytes
+from labkv.widgets._render.tables import KEY_ROWS
 from tests.test_widgets_model import _round
 from tests.test_widgets_views import show
 
@@ -172,6 +172,16 @@ def test_the_heat_map_is_keys_by_ranks_and_drawn_only_while_shown(watched):
     sent = d.plots.heat_widget.patches
     mon.refresh()
     assert d.plots.heat_widget.patches == sent  # unchanged: nothing sent again
+    # every round completes: no grey box, the line above the grid says so
+    kv.events.deliver_many(
+        [_round(k, 0, 4, range(WORKERS), WORKERS, complete=True) for k in range(KEYS)]
+    )
+    mon.refresh()
+    assert d.plots.heat_widget.layout.display == "none"
+    assert f"every round complete ({KEYS} keys)" in d.fanin_note.value
+    kv.events.deliver_many(_rounds_64(time.time()))  # a round waits again: the picture is back
+    mon.refresh()
+    assert d.plots.heat_widget.layout.display is None
 
 
 def test_round_matrix_marks_a_sliced_keys_missing_ranks():

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..widgets._fanin import fanin_grid, fanin_note
-from ..widgets._format import fmt_bytes
-from ..widgets._html import STYLE, esc, table_html
 from ..widgets._legend import calls_line, events_by_op
-from ..widgets._tables import keys_page, lost_note, servers_table
+from ..widgets._render.format import fmt_bytes
+from ..widgets._render.html import STYLE, esc, table_html
+from ..widgets._render.tables import keys_page, lost_note, servers_table
 from ..widgets._timeline import COLUMNS, fold_tracks, timeline_view
 from ._plugin import NAME, Board
 

@@ -5,7 +5,7 @@
 send on the store's topic (:func:`labkv.cluster._event_relay.topic_of`), on the
 scheduler's event loop: it only appends the batch (one pickled ``bytes``) to
 the store's queue. The batches are unpacked and folded into one
-:class:`~labkv.widgets._model.MonitorModel` per store when a page asks (at most
+:class:`~labkv.widgets._model.monitor_model.MonitorModel` per store when a page asks (at most
 twice a second, however many pages are open) or once :data:`MAX_PENDING`
 batches wait with nobody looking, so memory stays bounded and the totals exact.
 What a page shows is rendered once per model version and shared by every
@@ -31,7 +31,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..events import Event
-from ..widgets._model import MonitorModel
+from ..widgets._model.monitor_model import MonitorModel
 
 __all__ = ["INFO_TOPIC", "MAX_PENDING", "MAX_STORES", "NAME", "Board", "LabkvDashboard"]
 

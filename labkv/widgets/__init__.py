@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
 from ._monitor import Monitor
 
 __all__ = ["Monitor", "MonitorModel", "monitor"]

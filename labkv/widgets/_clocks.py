@@ -5,7 +5,7 @@ the whole grid was 34,000 cells and 1.5 MB of HTML; ``print(mon)`` still prints
 all of it, :func:`clocks_table`.)
 
 >>> from labkv.events import Event
->>> from labkv.widgets._model import MonitorModel
+>>> from labkv.widgets._model.monitor_model import MonitorModel
 >>> m = MonitorModel()
 >>> clocks = [9] * 64
 >>> clocks[17] = 4
@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._format import fmt_key
 from ._grid import fold_ranks
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
+from ._render.format import fmt_key
 
 __all__ = ["clocks_grid", "clocks_table"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from ._html import esc
+from ._render.html import esc
 
 __all__ = ["PANE_HEIGHT", "Pager", "html_view", "pane", "section", "set_traits"]
 

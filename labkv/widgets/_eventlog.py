@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..events import Event
-from ._format import fmt_bytes, fmt_key, fmt_shape, fmt_summary, fmt_time, fmt_where
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
+from ._render.format import fmt_bytes, fmt_key, fmt_shape, fmt_summary, fmt_time, fmt_where
 
 __all__ = ["GROUP_SPAN", "EventRows", "log_groups", "log_row", "log_table", "log_view"]
 

@@ -4,7 +4,7 @@ user needs before any grid, at 64 ranks as at 2; the only part of the fan-in
 view that changes while a round just waits.
 
 >>> from labkv.events import Event
->>> from labkv.widgets._model import MonitorModel
+>>> from labkv.widgets._model.monitor_model import MonitorModel
 >>> m = MonitorModel()
 >>> for key in ("a", "b"):
 ...     m.on_event(Event(0, 100.0, "dist_sync", "round", key, server=0, extra={"round": 3,
@@ -22,9 +22,9 @@ import math
 from collections import Counter
 from typing import Any
 
-from ._format import fmt_key, fmt_time
 from ._grid import fold_ranks, page_of, pages
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
+from ._render.format import fmt_key, fmt_time
 
 __all__ = [
     "fanin_grid",

@@ -3,7 +3,7 @@ byte a cell (complete, pushed, missing), drawn as one bokeh image. 500 keys x
 64 ranks are 32,000 bytes; as an HTML table they were 34,000 cells and 1.16 MB.
 
 >>> from labkv.events import Event
->>> from labkv.widgets._model import MonitorModel
+>>> from labkv.widgets._model.monitor_model import MonitorModel
 >>> m = MonitorModel()
 >>> for key, missing in (("a", []), ("b", [1])):
 ...     m.on_event(Event(0, 1.0, "dist_sync", "round", key, server=0, extra={"round": 2,
@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._fanin import waiting_first
-from ._format import fmt_key
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
+from ._render.format import fmt_key
 
 __all__ = ["COMPLETE", "HEAT_KEYS", "MISSING", "PUSHED", "HeatMap", "round_matrix"]
 
@@ -55,7 +55,9 @@ def round_matrix(
 
 class HeatMap:
     """The bokeh figure of :func:`round_matrix` in a widget made by ``widget_class``;
-    hidden until a round is reported, and sent only when the picture changed."""
+    hidden until a round is reported and while no round waits (every cell would be
+    grey: the line above the grid says every round is complete), and sent only when
+    the picture changed."""
 
     def __init__(self, widget_class: type) -> None:
         from bokeh.models import ColumnDataSource, LinearColorMapper, Range1d
@@ -82,6 +84,7 @@ class HeatMap:
         fig.image("image", x=0, y=0, dw="w", dh="h", source=self.source, color_mapper=mapper)
         self.fig = fig
         self.widget = widget_class(fig)
+        self.widget.add_class("labkv-heatmap")  # found by the browser tests
         self.widget.layout.display = "none"
 
     def show(self, model: MonitorModel) -> None:
@@ -91,6 +94,9 @@ class HeatMap:
         if seen == self._seen or not keys:
             return
         self._seen = seen
+        if not waiting:  # every round complete: an all-grey box would show nothing
+            self.widget.layout.display = "none"
+            return
         self.widget.layout.display = None
         missing = int((picture == MISSING).sum())
         self.fig.title.text = (

@@ -5,7 +5,7 @@ though its rank and its server both report it), so that the two agree; the
 events behind them, per op, are a tooltip of the header's ``N events``.
 
 >>> import labkv, numpy as np
->>> from ._model import MonitorModel
+>>> from ._model.monitor_model import MonitorModel
 >>> kv = labkv.create("local")
 >>> m = MonitorModel()
 >>> sub = kv.events.subscribe(m.on_event)
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
 
 __all__ = ["LEGEND", "MARK", "OPS_LEGEND", "calls_line", "events_by_op"]
 

@@ -27,9 +27,9 @@ import numpy as np
 
 from ..events import export_trace, summarize
 from ._front import FrontEnd
-from ._model import MonitorModel
-from ._text import summary as text_summary
-from ._text import unread
+from ._model.monitor_model import MonitorModel
+from ._render.text import summary as text_summary
+from ._render.text import unread
 from ._throttle import Ticker
 from ._values import downsample
 

@@ -15,10 +15,10 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 
-from ._format import fmt_key
 from ._heatmap import HeatMap
-from ._html import esc
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
+from ._render.format import fmt_key
+from ._render.html import esc
 from ._timeline import COLUMNS as TIMELINE_COLUMNS
 from ._timeline import fold_tracks, timeline_view
 

@@ -3,7 +3,7 @@ monitor's timeline plot draws (the same tracks and spans as a trace export,
 :mod:`labkv.events._trace`), with the newest event at 0 s.
 
 >>> from labkv.events import Event
->>> from labkv.widgets._model import MonitorModel
+>>> from labkv.widgets._model.monitor_model import MonitorModel
 >>> m = MonitorModel()
 >>> m.on_event(Event(0, 10.0, "s", "push", "w", rank=1, extra={"start": 9.5}))
 >>> m.on_event(Event(1, 10.0, "s", "clock", "w", rank=0, server=0, extra={"waited_s": 0.4}))
@@ -22,7 +22,7 @@ from typing import Any
 
 from ..events import per_key
 from ..events._trace import to_trace
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
 
 __all__ = ["MAX_BARS", "MAX_TRACKS", "OP_COLORS", "fold_tracks", "timeline_bars", "timeline_view"]
 

@@ -17,8 +17,8 @@ import math
 
 from ..events import Event
 from ._eventlog import EventRows, Table
-from ._format import fmt_key, fmt_summary, fmt_time
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
+from ._render.format import fmt_key, fmt_summary, fmt_time
 
 __all__ = ["reads_as", "trace_note", "trace_row", "trace_table"]
 

@@ -1,4 +1,4 @@
-"""The ipywidgets + bokeh dashboard over a :class:`~labkv.widgets._model.MonitorModel`.
+"""The ipywidgets + bokeh dashboard over a :class:`~labkv.widgets._model.monitor_model.MonitorModel`.
 
 Imported only when a monitor is displayed, so ``import labkv`` never needs
 ipywidgets or bokeh. Every widget write happens in :meth:`Dashboard.update`,
@@ -25,14 +25,14 @@ from ._controls import section as _section
 from ._controls import set_traits as _set
 from ._eventlog import EventRows, log_row, log_view
 from ._fanin import GRID_ROWS, fanin_grid, fanin_note, held_up
-from ._format import fmt_key, fmt_num, fmt_shape
 from ._grid import pages
-from ._html import STYLE, esc, table_html
 from ._legend import LEGEND, OPS_LEGEND, calls_line, events_by_op
-from ._model import MonitorModel
+from ._model.monitor_model import MonitorModel
 from ._parts import PARTS
 from ._plots import Plots
-from ._tables import keys_page, lost_note, servers_table
+from ._render.format import fmt_key, fmt_num, fmt_shape
+from ._render.html import STYLE, esc, table_html
+from ._render.tables import keys_page, lost_note, servers_table
 from ._tracetable import trace_note, trace_row, trace_table
 
 __all__ = ["TAB_TITLES", "Dashboard", "ValueState"]

@@ -22,7 +22,13 @@ shut down before the next one starts. After Run All, for each notebook:
   with the same final bytes in and out (the S = 1 run's has one server);
 - notebook 08: the first monitor's events tab, its op filter set to ``failover``, shows
   the failover row whole: the server's replicas now, the surviving worker's address
-  first (the one the notebook printed), not cut at the monitor's edge.
+  first (the one the notebook printed), not cut at the monitor's edge; set to ``pull``,
+  it shows the training's one pull, none of the wait for the re-seed;
+- in every monitor's servers & rounds tab, the rounds heat map is drawn while a round
+  waits and hidden, the line above the grid saying every round is complete, once none
+  does (no empty grey box);
+- notebook 11: the keys table shows as many bytes pushed as pulled for each table
+  (every push's rows are pulled again, and the pieces of both servers are counted).
 
 Screenshots of each notebook's monitor (the keys tab, and each tab), of its page,
 and a JSON report (cells, log entries, run time) go to ``artifacts/screenshots/``
@@ -170,6 +176,24 @@ _CUT = """root => {
 }"""
 
 
+#: the fan-in line of a monitor's shown tab and whether the rounds heat map is on screen
+ROUNDS = """root => {
+  const line = [...root.querySelectorAll('.labkv-fanin-note')].find(e => e.offsetWidth > 0);
+  const heat = [...root.querySelectorAll('.labkv-heatmap')].some(
+      e => e.offsetWidth > 0 && e.offsetHeight > 0);
+  return {line: line ? line.textContent : null, heat};
+}"""
+
+#: the keys table of a monitor: each row's cells by the table's headers
+KEY_ROWS = """root => {
+  const table = root.querySelector('table.labkv-keys');
+  if (!table) return [];
+  const heads = [...table.querySelectorAll('thead th')].map(th => th.textContent.trim());
+  return [...table.querySelectorAll('tbody tr')].map(tr => Object.fromEntries(
+      [...tr.children].map((td, i) => [heads[i], td.textContent.trim()])));
+}"""
+
+
 def _visit_tabs(page, box, stem: str) -> list[dict]:
     """Show each tab of the monitor in turn (a screenshot of each), then the first
     again; per tab its title, height and how many plot canvases are drawn."""
@@ -196,6 +220,7 @@ def _visit_tabs(page, box, stem: str) -> list[dict]:
                 "plots": canvases,
                 "past": past,
                 "cut": box.evaluate(_CUT),
+                "rounds": box.evaluate(ROUNDS),
             }
         )
         box.screenshot(path=str(ARTIFACTS / f"{stem}-tab{i}.png"))
@@ -236,7 +261,7 @@ SERVER_PARTS = """() => [...document.querySelectorAll('.labkv-part table.labkv-s
 LOG_ROWS = """(root) => {
   const right = root.getBoundingClientRect().right;
   return [...root.querySelectorAll('table.labkv-log tbody tr')].filter(tr => tr.offsetWidth > 0)
-    .map(tr => ({text: tr.textContent,
+    .map(tr => ({text: tr.textContent, cells: [...tr.children].map(td => td.textContent),
                  past: Math.max(0, ...[...tr.children].map(td => Math.max(
                      td.getBoundingClientRect().right - right, td.scrollWidth - td.clientWidth)))}));
 }"""
@@ -255,7 +280,21 @@ def _failover_rows(page, stem: str) -> dict:
         select.first.select_option(label="failover")
         page.wait_for_timeout(2000)  # the kernel redraws the log at its next refresh
     box.screenshot(path=str(ARTIFACTS / f"{stem}-failover.png"))
-    return {"filtered": filtered, "rows": box.evaluate(LOG_ROWS)}
+    rows = box.evaluate(LOG_ROWS)
+    pulls = None
+    has_pulls = select.first.locator("option", has_text="pull").count() > 0 if filtered else False
+    if has_pulls:  # the pulls in the log: the training's, not the wait's for the re-seed
+        select.first.select_option(label="pull")
+        page.wait_for_timeout(2000)
+        pulls = box.evaluate(LOG_ROWS)
+        box.screenshot(path=str(ARTIFACTS / f"{stem}-pulls.png"))
+    return {"filtered": filtered, "rows": rows, "pulls": pulls}
+
+
+def _calls(rows: list[dict], op: str) -> int:
+    """How many ``op`` calls the event log's rows hold (``pull ×3`` is three)."""
+    found = [re.fullmatch(rf"{op}(?: ×(\d+))?", r["cells"][1].strip()) for r in rows]
+    return sum(int(m.group(1) or 1) for m in found if m)
 
 
 def _shut_down_kernels(base: str, token: str) -> None:
@@ -318,6 +357,7 @@ def test_run_all_cells(lab, path):
             page.wait_for_timeout(500)
             monitor["height"] = box.bounding_box()["height"]
             monitor["tabs"] = _visit_tabs(page, box, stem)
+            monitor["key_rows"] = box.evaluate(KEY_ROWS)
             box.screenshot(path=str(ARTIFACTS / f"{stem}.png"))
         if stem.startswith("05_"):  # notebook 05: the SSP run's monitor (the last) is left open
             monitor["ssp_timeline"] = _ssp_timeline(page, stem)
@@ -368,6 +408,11 @@ def test_run_all_cells(lab, path):
         cut = {t["title"]: t["cut"] for t in monitor["tabs"] if t["cut"][0] > 1}
         assert not cut, f"tabs run past the monitor's right edge (px, element): {cut}"
         assert (ARTIFACTS / f"{stem}.png").stat().st_size > 5_000
+        rounds = next(t for t in monitor["tabs"] if t["title"].startswith("servers"))["rounds"]
+        if rounds["line"] and rounds["line"].startswith("every round complete"):
+            assert not rounds["heat"], f"an all-grey heat map with no round waiting: {rounds}"
+        elif rounds["line"] and "waiting" in rounds["line"]:
+            assert rounds["heat"], f"rounds wait, and no heat map shows them: {rounds}"
     if _shows_clocks(path):  # a dist_ssp run with rank 1 slow on purpose, watched live
         assert monitor["clocks"], f"the clocks panel shown alone has no rows: {monitor}"
         row = monitor["clocks"][0]
@@ -406,6 +451,16 @@ def test_run_all_cells(lab, path):
         assert "(primary first)" in row["text"] and row["past"] <= 1, (
             f"the failover row is cut off: {row}"
         )
+    if stem.startswith("08_"):  # the wait for the re-seed makes no call of its own
+        pulls = monitor["failover"]["pulls"]
+        assert monitor["failover"]["filtered"] and _calls(pulls or [], "pull") <= 1, (
+            f"pulls other than the training's one in the event log: {pulls}"
+        )
+    if stem.startswith("11_"):  # the rows pushed are pulled again: the same bytes
+        tables = {r.get("key"): r for r in monitor["key_rows"]}
+        for key in ("users", "items"):
+            row = tables[key]
+            assert row["pushed"] == row["pulled"] and row["pushed"] != "0 B", row
     checks = [c for c in code if "check" in c["tags"]]
     assert checks, "no exercise check cell (tagged 'check')"
     for c in checks:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...widgets._html import STYLE, esc, table_html
+from ...widgets._render.html import STYLE, esc, table_html
 
 if TYPE_CHECKING:
     from .connect import ClusterHandle

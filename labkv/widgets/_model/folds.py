@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._types import Key
-from ..events import Event
-from ._records import KeyStats
+from ..._types import Key
+from ...events import Event
+from .records import KeyStats
 
 __all__ = ["fold_failover", "fold_rows"]
 

@@ -13,13 +13,13 @@ import re
 import time
 from typing import Any
 
-from ._clocks import clocks_table
-from ._eventlog import log_table
-from ._fanin import fanin_note, fanin_table
-from ._legend import calls_line, events_by_op
-from ._model import MonitorModel
-from ._tables import keys_table, lost_note, servers_table
-from ._tracetable import trace_note, trace_table
+from .._clocks import clocks_table
+from .._eventlog import log_table
+from .._fanin import fanin_note, fanin_table
+from .._legend import calls_line, events_by_op
+from .._model.monitor_model import MonitorModel
+from .._tracetable import trace_note, trace_table
+from .tables import keys_table, lost_note, servers_table
 
 __all__ = ["render_table", "summary", "unread"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..events import Event
+from ...events import Event
 
 __all__ = [
     "fmt_bytes",

@@ -22,15 +22,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from ._clocks import clocks_table
-from ._eventlog import EventRows, Table, log_row, log_table
-from ._fanin import fanin_row, fanin_table
-from ._format import fmt_bytes, fmt_key, fmt_num, fmt_placement, fmt_shape, fmt_time
-from ._grid import page_of, pages
-from ._legend import MARK
-from ._model import MonitorModel
-from ._records import KeyStats
-from ._tracetable import reads_as, trace_note, trace_row, trace_table
+from .._clocks import clocks_table
+from .._eventlog import EventRows, Table, log_row, log_table
+from .._fanin import fanin_row, fanin_table
+from .._grid import page_of, pages
+from .._legend import MARK
+from .._model.monitor_model import MonitorModel
+from .._model.records import KeyStats
+from .._tracetable import reads_as, trace_note, trace_row, trace_table
+from .format import fmt_bytes, fmt_key, fmt_num, fmt_placement, fmt_shape, fmt_time
 
 __all__ = [
     "EventRows",

@@ -15,9 +15,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._types import Key
-from ..events import Event
-from ..events._round_records import mask_ranks, ranks_mask
+from ..._types import Key
+from ...events import Event
+from ...events._round_records import mask_ranks, ranks_mask
 
 __all__ = ["CHANGING_OPS", "UPDATER_OPS", "FanIn", "KeyClocks", "KeyStats", "ServerLoad"]
 

@@ -30,10 +30,10 @@ from collections.abc import Iterator
 from itertools import compress
 from typing import Any
 
-from .._types import Key
-from ..events import Event, compact_rows, round_rows
-from ._folds import fold_failover, fold_rows
-from ._records import CHANGING_OPS, UPDATER_OPS, FanIn, KeyClocks, KeyStats, ServerLoad, Summary
+from ..._types import Key
+from ...events import Event, compact_rows, round_rows
+from .folds import fold_failover, fold_rows
+from .records import CHANGING_OPS, UPDATER_OPS, FanIn, KeyClocks, KeyStats, ServerLoad, Summary
 
 __all__ = ["FanIn", "KeyClocks", "KeyStats", "MonitorModel", "ServerLoad"]
 
@@ -186,8 +186,9 @@ class MonitorModel:
             return
         if e.server is not None and op in ("push", "pull"):
             self._server(e.server).fold_traffic(e)
-            if not e.first_piece:
-                return  # another slice of a push counted on the server holding slice 0
+            if not e.first_piece:  # another slice of a push counted on slice 0's server:
+                self._fold_piece(e.key, e.server, e.nbytes)  # only its bytes add
+                return
         elif op == "push" and e.store.startswith("dist"):
             # a rank's own view of a push its servers report: only its rows count here
             if "rows" in e.extra:
@@ -305,7 +306,8 @@ class MonitorModel:
     def _fold_record(self, e: Event) -> None:
         """A record of the calls the bus only counted, of many keys at once
         (:func:`labkv.events.compact_rows`); a server's push record says per key
-        whether its slice is slice 0 (``first``), so that each push counts once.
+        whether its slice is slice 0 (``first``), so that each push counts once
+        (the other slices add only their bytes).
         The common cases (pulls and pushes of keys already seen, with no value)
         are folded here in one loop: a record may hold 500 keys, 100 a second."""
         op, server, when, x = e.op, e.server, e.time, e.extra
@@ -319,6 +321,7 @@ class MonitorModel:
         folded: list[Key] = []  # the keys a changing op folded here
         for i, ((key, count, nbytes, summary), moved) in enumerate(zip(compact_rows(e), rows)):
             if first is not None and not first[i]:
+                self._fold_piece(key, server, nbytes)
                 continue
             stats = keys.get(key) if plain else None
             if stats is None:
@@ -350,14 +353,16 @@ class MonitorModel:
         done) when a key is new."""
         key_column, counts, nbytes = x["keys"], x["counts"], x["nbytes"]
         rows = x.get("rows")
-        if first is not None:  # a server's record: only slice 0 counts a push
-            key_column, counts, nbytes = (
-                list(compress(c, first)) for c in (key_column, counts, nbytes)
-            )
-            rows = None if rows is None else list(compress(rows, first))
         stats = list(map(self.keys.get, key_column))
         if not all(stats):  # a new key (None); a KeyStats is always true
             return False
+        if first is not None:  # a server's record: only slice 0 counts a push
+            for s, n, counted in zip(stats, nbytes, first):
+                if not counted:  # another slice's bytes are the push's too
+                    s.bytes_in += n
+            stats, counts, nbytes = (list(compress(c, first)) for c in (stats, counts, nbytes))
+            key_column = list(compress(key_column, first))
+            rows = None if rows is None else list(compress(rows, first))
         if op == "pull":
             for s, count, n in zip(stats, counts, nbytes):
                 s.pulls += count
@@ -379,6 +384,14 @@ class MonitorModel:
                 s.on_servers = True
             self.server_changed.update(key_column)
         return True
+
+    def _fold_piece(self, key: Key | None, server: Any, nbytes: int) -> None:
+        """A server's receipt of a slice other than slice 0 of a push of ``key``: the
+        push is counted on slice 0's server, but its bytes are the sum of every
+        slice's (a row-sparse piece holds its server's rows and their ids)."""
+        stats = None if key is None else self._stats(key, server, "push")
+        if stats is not None:
+            stats.bytes_in += nbytes
 
     def _fold_tally(
         self,
