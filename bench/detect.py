@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,33 +42,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _hogs import Hogs  # noqa: E402
+
 import labkv  # noqa: E402
 from labkv.cluster import ClusterError, connect, run  # noqa: E402
 from tests.test_cluster_elastic_dask import train  # noqa: E402
 
 KILL_STEP = 10
 LOST = r"server 0 is lost: every replica of it is gone"
-
-
-class Hogs:
-    """``n`` CPU-bound processes, each in its own session, for a ``with`` block."""
-
-    def __init__(self, n: int):
-        self.n, self.procs = n, []
-
-    def __enter__(self) -> Hogs:
-        for _ in range(self.n):
-            # setsid execs in place (this process is no group leader's child),
-            # so the pid is the busy loop's own.
-            self.procs.append(
-                subprocess.Popen(["setsid", sys.executable, "-c", "while True: pass"])
-            )
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            proc.kill()
-            proc.wait()
 
 
 def _pid() -> int:

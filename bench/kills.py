@@ -31,6 +31,7 @@ import threading
 import time
 
 import numpy as np
+from _hogs import Hogs
 
 KEYS = ["w", "b", "big"]
 SIZES = {"w": 6, "b": 3, "big": 1500}
@@ -65,14 +66,6 @@ def _arg(name, default):
     return default
 
 
-def _hog():
-    """A busy loop in its own session (no scheduling group shields the cluster from it)."""
-    import subprocess
-
-    loop = [sys.executable, "-c", "while True: pass"]
-    return subprocess.Popen(loop, start_new_session=True)
-
-
 def _rank_workers(client):
     """Workers that run a rank task now."""
     processing = client.processing()
@@ -91,7 +84,7 @@ def main():
     pause = _arg("pause", 0.05)
     no_store = "--no-store" in sys.argv
     verbose = "--verbose" in sys.argv
-    hogs = [_hog() for _ in range(_arg("hogs", 0))]  # busy loops beside the cluster
+    hogs = Hogs(_arg("hogs", 0)).start()  # busy loops beside the cluster
     rng = random.Random(_arg("seed", 0))
 
     handle = connect(
@@ -186,9 +179,7 @@ def main():
         return 0 if back == n else 1
     finally:
         handle.close()
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
+        hogs.stop()
 
 
 if __name__ == "__main__":

@@ -37,19 +37,17 @@ must stay out of the cells); the exit status is 1 if any run failed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+from _hogs import Hogs
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
@@ -111,12 +109,15 @@ class PeakMemory:
         return self.peak
 
 
+@dataclass
 class Run:
     """One Run All: its seconds, peak MiB (with ``memory``), the error that stopped
     it (None: it ran to the end) and how many outputs went to stderr."""
 
-    def __init__(self, seconds: float, peak: float | None, error: str | None, stderr: int):
-        self.seconds, self.peak, self.error, self.stderr = seconds, peak, error, stderr
+    seconds: float
+    peak: float | None
+    error: str | None
+    stderr: int
 
 
 def run_all(path: Path, memory: bool = False) -> Run:
@@ -156,20 +157,6 @@ def run_all(path: Path, memory: bool = False) -> Run:
     return Run(seconds, peak, error, stderr)
 
 
-@contextlib.contextmanager
-def hogs(count: int) -> Iterator[None]:
-    """``count`` busy loops, each in a session of its own, for as long as the block runs."""
-    loop = [sys.executable, "-c", "while True: pass"]
-    started = [subprocess.Popen(["setsid", *loop]) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for process in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 def line(name: str, seconds: float, said: float | None) -> str:
     ratio = f"{seconds / said:5.2f}x of its {said:.0f} s" if said else "(no time announced)"
     return (
@@ -189,7 +176,7 @@ def main() -> None:
     over = heavy = failed = noisy = runs_made = 0
     if args.hogs:
         print(f"{args.hogs} CPU hogs beside every notebook ({os.cpu_count()} cores)", flush=True)
-    with hogs(args.hogs):
+    with Hogs(args.hogs):
         for path in chosen:
             peak = None
             if args.browser_reports is not None:
