@@ -4,7 +4,9 @@ each, as on CI's 2 cores) for the whole session, started on first use."""
 from __future__ import annotations
 
 import faulthandler
+import signal
 import sys
+import warnings
 
 import pytest
 
@@ -60,3 +62,29 @@ def standin_handle():
     handle = standin_cluster(n_workers=2, physical=2)
     yield handle
     handle.close()
+
+
+@pytest.fixture
+def python_s_own_sigint_handler():
+    """Each test starts as a notebook does: Python's SIGINT handler installed, no
+    section of labkv's holding Ctrl-C. In one whole-suite run an earlier test
+    left SIGINT held or wrapped around another handler (every signal of these
+    tests then went nowhere, not found since): said as a warning, and undone."""
+    from labkv._call import interrupts
+
+    state = dict(interrupts._state)
+    handler = signal.getsignal(signal.SIGINT)
+    if (
+        state["depth"]
+        or state["pending"] is not None
+        or state["wrapped"]
+        not in (
+            signal.SIG_DFL,
+            signal.default_int_handler,
+        )
+    ):
+        warnings.warn(f"SIGINT left by an earlier test: {state}, handler {handler!r}", stacklevel=1)
+    interrupts._state.update(depth=0, pending=None, wrapped=signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, handler)

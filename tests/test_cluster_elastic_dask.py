@@ -496,6 +496,7 @@ def pushing(kv, marker):
         time.sleep(0.02)
 
 
+@pytest.mark.usefixtures("python_s_own_sigint_handler")
 def test_ctrl_c_while_a_rank_is_replaced_stops_every_incarnation(tmp_path):
     """No spare: the replacement waits for the nanny's restart when Ctrl-C
     comes. ``run`` raises KeyboardInterrupt at once, nothing writes to the shared

@@ -10,7 +10,6 @@ import random
 import signal
 import threading
 import time
-import warnings
 
 import numpy as np
 import pytest
@@ -28,30 +27,7 @@ pytestmark = [
 TIMEOUT_S = 30
 
 
-@pytest.fixture(autouse=True)
-def python_s_own_sigint_handler():
-    """Each test starts as a notebook does: Python's SIGINT handler installed, no
-    section of labkv's holding Ctrl-C. In one whole-suite run an earlier test
-    left SIGINT held or wrapped around another handler (every signal of these
-    tests then went nowhere, not found since): said as a warning, and undone."""
-    from labkv._call import interrupts
-
-    state = dict(interrupts._state)
-    handler = signal.getsignal(signal.SIGINT)
-    if (
-        state["depth"]
-        or state["pending"] is not None
-        or state["wrapped"]
-        not in (
-            signal.SIG_DFL,
-            signal.default_int_handler,
-        )
-    ):
-        warnings.warn(f"SIGINT left by an earlier test: {state}, handler {handler!r}", stacklevel=1)
-    interrupts._state.update(depth=0, pending=None, wrapped=signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, handler)
+pytestmark = pytest.mark.usefixtures("python_s_own_sigint_handler")
 
 
 def _count(key, merged, stored):
