@@ -1,7 +1,7 @@
 """Benchmark of the dist_sync store against a raw Dask echo and MXNet, measured in one run.
 
     python bench/dist.py [--quick] [--dask-malloc] [--only=16MiB x1,tiny] [--repeats=3]
-        [--mxnet=/path/to/mxnet-venv/bin/python] [--field] [--before]
+        [--mxnet=/path/to/mxnet-venv/bin/python] [--field]
 
 W = 2 ranks (``labkv.cluster.run``) on an embedded 2-worker LocalCluster, with
 S = 1 and S = 2 servers, each also with ``replicas=2`` (every server's backup on
@@ -27,9 +27,8 @@ in the field meets: the notebook's own store (rank 0 of 1) on a tiny key, the
 barrier with 2, 4 and 8 ranks (an 8-worker cluster on however many cores), and
 the tiny and 16 MiB cases on a ``tls://`` cluster with its own certificates
 against ``tcp://`` (made with the ``openssl`` command), alternated.
-``--before`` also runs every case, right before each of its S = 1 and S = 2 runs,
-with the streams' frames written through tornado's ``IOStream`` (the transport
-before the streams wrote the socket themselves) and prints both.
+The streams' frames once went through tornado's ``IOStream``; that comparison is
+in docs/performance.md.
 A benchmark, not a test: it prints tables, it asserts nothing. dist_ssp against
 dist_async, per call with no pull waiting, is ``bench/ssp.py``.
 """
@@ -123,25 +122,6 @@ def _handler_echo(address, nbytes, iters):
     for _ in range(iters):
         sync(worker.loop, once)
     return (time.perf_counter() - t) / iters
-
-
-def _set_framing(value, dask_worker=None):
-    """``labkv.stream-framing`` in this process (or on a worker); every stream
-    into the worker is broken, so that each is opened again framed so."""
-    import dask
-
-    dask.config.set({"labkv.stream-framing": value})
-    if dask_worker is not None:
-        handler = dask_worker.handlers.get("labkv_stream")
-        for wire in list(getattr(getattr(handler, "__self__", None), "wires", ())):
-            wire.comm.abort()
-
-
-def _framed(handle, value: str) -> None:
-    """Every stream of the cluster framed as ``value`` from now on (see ``_set_framing``)."""
-    _set_framing(value)
-    handle.client.run(_set_framing, value)
-    time.sleep(0.2)  # the callers see their streams end before the next call
 
 
 def _ranks(kv, case, iters):
@@ -414,7 +394,6 @@ def main(
     only: list[str] | None = None,
     mxnet_python: str | None = None,
     field: bool = False,
-    before: bool = False,
 ) -> None:
     from labkv.cluster import run
 
@@ -443,9 +422,8 @@ def main(
                 client, a, _stream_echo, b, actor.key, nbytes, iters // scale
             )
         cases = [(case, _CASES[case]) for case in names]
-        rows, replicated, iostream = [], {}, {}
+        rows, replicated = [], {}
         for case, iters in cases:
-            before_times: dict[int, list[float]] = {1: [], 2: []}
             times: dict[int, list[float]] = {1: [], 2: []}
             ratios: dict[int, list[float]] = {1: [], 2: []}
             faults: dict[int, list[float]] = {1: [], 2: []}
@@ -459,12 +437,6 @@ def main(
                     _actor_echo, actor, nbytes, echo_iters // scale, workers=[a], pure=False
                 ).result()
                 args = (case, max(5, iters // scale))
-                if before:  # the same through tornado's IOStream, right before
-                    _framed(handle, "iostream")
-                    for servers in (1, 2):
-                        per_rank = run(_ranks, 2, num_servers=servers, cluster=handle, args=args)
-                        before_times[servers].append(max(t for t, _, _ in per_rank))
-                    _framed(handle, "frames")
                 for servers in (1, 2):
                     per_rank = run(_ranks, 2, num_servers=servers, cluster=handle, args=args)
                     t = max(t for t, _, _ in per_rank)
@@ -479,8 +451,6 @@ def main(
                     )
                     with_replicas[servers].append(max(t for t, _, _ in per_rank))
             replicated[case] = {n: median(ts) for n, ts in with_replicas.items()}
-            if before:
-                iostream[case] = {n: median(ts) for n, ts in before_times.items()}
             rows.append(
                 (
                     case,
@@ -544,21 +514,6 @@ def main(
             f"{case:<12}{t1 * 1e3:>10.2f}{t2 * 1e3:>10.2f}{r1:>12.2f}{r2:>12.2f}"
             f"{t1 / dflt:>12.2f}{t2 / dflt:>12.2f}"
         )
-    if iostream:
-        print()
-        print(
-            "before / after: the same frames through tornado's IOStream (labkv.stream-framing:\n"
-            "iostream, the transport before) against the socket itself, run alternately (ms):"
-        )
-        print(
-            f"{'case':<12}{'before S=1':>11}{'S=2':>8}{'after S=1':>11}{'S=2':>8}{'after/before':>14}"
-        )
-        for case, t1, t2, *_ in rows:
-            b1, b2 = iostream[case][1], iostream[case][2]
-            print(
-                f"{case:<12}{b1 * 1e3:>11.2f}{b2 * 1e3:>8.2f}{t1 * 1e3:>11.2f}{t2 * 1e3:>8.2f}"
-                f"{t1 / b1:>8.2f} /{t2 / b2:>5.2f}"
-            )
     print()
     print("replicas = 2 (each server's backup on the other worker), ms and ratio to replicas = 1:")
     print(f"{'case':<12}{'S=1 R=2':>10}{'S=2 R=2':>10}{'S=1 R2/R1':>11}{'S=2 R2/R1':>11}")
@@ -604,15 +559,36 @@ def main(
         _print_against_mxnet(rows, mxnet, notebook, barriers, mx_barriers)
 
 
+_FLAGS = ("--quick", "--dask-malloc", "--field")
+_OPTIONS = ("only", "repeats", "mxnet")
+
+
+def _arguments(argv: list[str]) -> dict[str, Any]:
+    """``main``'s keyword arguments from the command line; an argument it does not
+    know stops the run (a misspelt or dropped flag would otherwise run the whole
+    benchmark without it)."""
+    options, flags = {}, set()
+    for arg in argv:
+        name, sep, value = arg.removeprefix("--").partition("=")
+        if sep and name in _OPTIONS:
+            options[name] = value
+        elif not sep and arg in _FLAGS:
+            flags.add(arg)
+        else:
+            known = ", ".join([*_FLAGS, *(f"--{o}=" for o in _OPTIONS)])
+            raise SystemExit(f"bench/dist.py: unknown argument {arg!r} (known: {known}; --help)")
+    return {
+        "quick": "--quick" in flags,
+        "dask_malloc": "--dask-malloc" in flags,
+        "field": "--field" in flags,
+        "repeats": int(options.get("repeats", 3)),
+        "only": options["only"].split(",") if "only" in options else None,
+        "mxnet_python": options.get("mxnet"),
+    }
+
+
 if __name__ == "__main__":
-    # --only=16MiB x1,tiny runs those cases; --repeats=5 runs each 5 times
-    options = dict(a.removeprefix("--").split("=", 1) for a in sys.argv[1:] if "=" in a)
-    main(
-        quick="--quick" in sys.argv,
-        dask_malloc="--dask-malloc" in sys.argv,
-        repeats=int(options.get("repeats", 3)),
-        only=options["only"].split(",") if "only" in options else None,
-        mxnet_python=options.get("mxnet"),
-        field="--field" in sys.argv,
-        before="--before" in sys.argv,
-    )
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+    else:
+        main(**_arguments(sys.argv[1:]))

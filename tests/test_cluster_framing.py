@@ -175,3 +175,34 @@ def test_an_ended_connection_is_told_once_and_refuses_sends(how, comm, tmp_path)
         listener.stop()
 
     _run(test)
+
+
+@pytest.mark.parametrize(
+    ("setting", "framed"), [("frames", "socket"), ("messages", "messages"), ("iostream", None)]
+)
+def test_the_framing_setting_chooses_a_tcp_comms_wire_and_a_retired_one_is_refused(setting, framed):
+    # 'iostream' (the frames through tornado's IOStream) left the product: asking for
+    # it names the two that remain instead of quietly framing some other way.
+    import dask
+
+    async def test() -> None:
+        listener = listen("tcp://127.0.0.1:0", lambda comm: comm.close())
+        await listener.start()
+        caller = await connect(listener.contact_address)
+        try:
+            with dask.config.set({"labkv.stream-framing": setting}):
+                if framed is None:
+                    with pytest.raises(ValueError, match="'frames' or 'messages'"):
+                        framing.framing_of(caller)
+                else:
+                    assert framing.framing_of(caller) == framed
+        finally:
+            caller.abort()
+            listener.stop()
+
+    _run(test)
+
+
+def test_a_hello_asking_for_an_unknown_framing_is_refused():
+    with pytest.raises(ValueError, match="'socket' or 'messages'"):
+        framing.wire(object(), "frames")

@@ -278,7 +278,7 @@ def _store_through_rounds(handle):
     return kv, primary, backup
 
 
-@pytest.mark.parametrize("framing", ["messages", "iostream", "frames"])
+@pytest.mark.parametrize("framing", ["messages", "frames"])
 def test_both_framings_carry_big_and_small_values_and_log_entries(handle, framing):
     handle.client.run(_set_framing, framing)
     _set_framing(framing)
@@ -286,7 +286,7 @@ def test_both_framings_carry_big_and_small_values_and_log_entries(handle, framin
     try:
         kv, primary, backup = _store_through_rounds(handle)
         try:
-            wires = {"messages": "_Messages", "iostream": "_Frames", "frames": "SocketFrames"}
+            wires = {"messages": "_Messages", "frames": "SocketFrames"}
             wires = wires[framing]
             assert _run_on(handle, _stream_framings, backup) == [wires]
         finally:

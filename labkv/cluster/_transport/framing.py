@@ -1,4 +1,4 @@
-"""How a stream's messages are framed on its Dask comm: three wires, one interface.
+"""How a stream's messages are framed on its Dask comm: two wires, one interface.
 
 A message is ``(sequence number, kind, value)``. Every wire has ``send(seq, kind,
 value)`` (called on the comm's event loop, or from any thread where its
@@ -8,8 +8,6 @@ comm to ``closed(error)`` once, ``abort()``, and ``comm``, the Dask comm under i
 
 - :class:`~.sockets.SocketFrames` (``tcp://`` and ``tls://``, the default): the
   frames of :mod:`.sockets` on the comm's socket itself, taken from tornado.
-- :class:`_Frames`: the same frames written and read through the ``IOStream``
-  (``labkv.stream-framing: iostream``, to compare).
 - :class:`_Messages` (any other comm: ``ucxx://``, ``ws://``, ``inproc://``):
   ``comm.write``/``comm.read``, the value serialised as Dask does.
 
@@ -20,54 +18,16 @@ authentication; the caller chooses (:func:`framing_of`) and its hello tells the 
 from __future__ import annotations
 
 import asyncio
-import struct
 from typing import Any
 
-import numpy as np
-
 from .._tasks import TaskGroup
-from .sockets import HEAD, Closed, Deliver, SocketFrames, header, pickled, unpickled
+from .sockets import Closed, Deliver, SocketFrames
 
 #: What Dask may serialise a call's arguments and results with (``_Messages``).
 SERIALIZERS = ("dask", "pickle")
 
 
-# -- the same frames through tornado's IOStream, and Dask's messages ---------------
-class _Frames:
-    """Frames written and read through the comm's ``IOStream`` (see module doc)."""
-
-    any_thread = False
-
-    def __init__(self, comm: Any):
-        self.comm, self.io = comm, comm.stream
-
-    def send(self, seq: int, kind: int, value: Any) -> None:
-        body, raws = pickled(value)
-        io = self.io
-        io.write(header(seq, kind, body, raws) + body)
-        for raw in raws:  # the arrays' memory itself, without a copy
-            io.write(raw)
-
-    def abort(self) -> None:
-        """Close the connection now."""
-        self.comm.abort()
-
-    async def receive(self) -> tuple[int, int, Any]:
-        io = self.io
-        seq, kind, nbody, nbuffers = HEAD.unpack(await io.read_bytes(HEAD.size))
-        rest = await io.read_bytes(8 * nbuffers + nbody)
-        sizes = struct.unpack_from(f"<{nbuffers}Q", rest)
-        buffers = []
-        for size in sizes:
-            buffer = np.empty(size, np.uint8)
-            await io.read_into(memoryview(buffer))
-            buffers.append(buffer)
-        return seq, kind, unpickled(memoryview(rest)[8 * nbuffers :], buffers)
-
-    def start(self, deliver: Deliver, closed: Closed, tasks: TaskGroup) -> None:
-        tasks.spawn(_pump(self, deliver, closed))
-
-
+# -- Dask's messages --------------------------------------------------------------
 class _Messages:
     """Messages through ``comm.write``/``comm.read`` (any Dask comm)."""
 
@@ -104,7 +64,7 @@ class _Messages:
         tasks.spawn(_pump(self, deliver, closed))
 
 
-async def _pump(wire: _Frames | _Messages, deliver: Deliver, closed: Closed) -> None:
+async def _pump(wire: _Messages, deliver: Deliver, closed: Closed) -> None:
     """Hand each message of ``wire`` to ``deliver`` until the comm ends (a
     function, not a method of the caller: it must not keep a stream alive)."""
     try:
@@ -115,7 +75,7 @@ async def _pump(wire: _Frames | _Messages, deliver: Deliver, closed: Closed) -> 
         closed(exc)
 
 
-Wire = SocketFrames | _Frames | _Messages
+Wire = SocketFrames | _Messages
 
 
 # -- choosing ---------------------------------------------------------------------------
@@ -124,29 +84,35 @@ def framing_of(comm: Any) -> str:
     (``tcp://``, ``tls://``), else ``'messages'`` (see :func:`setting`)."""
     from distributed.comm.tcp import TCP
 
-    chosen = setting()
-    if not isinstance(comm, TCP) or chosen == "messages":
+    if not isinstance(comm, TCP) or setting() == "messages":
         return "messages"
-    return "frames" if chosen == "iostream" else "socket"
+    return "socket"
 
 
 def setting() -> str:
     """Dask config ``labkv.stream-framing``: ``'frames'`` (the default: frames
-    on the socket itself on ``tcp://`` and ``tls://``), ``'iostream'`` (the same
-    frames through tornado's ``IOStream``) or ``'messages'`` (``comm.write``/``comm.read``
-    everywhere): the last two to compare them, and to test their paths on TCP."""
+    on the socket itself on ``tcp://`` and ``tls://``) or ``'messages'``
+    (``comm.write``/``comm.read`` everywhere: to compare them, and to test that path
+    on TCP).
+
+    >>> import dask
+    >>> with dask.config.set({"labkv.stream-framing": "messages"}):
+    ...     setting()
+    'messages'
+    """
     import dask
 
     chosen = dask.config.get("labkv.stream-framing", "frames")
-    if chosen not in ("frames", "iostream", "messages"):
-        raise ValueError(
-            f"labkv.stream-framing is {chosen!r}: use 'frames', 'iostream' or 'messages'"
-        )
+    if chosen not in ("frames", "messages"):
+        raise ValueError(f"labkv.stream-framing is {chosen!r}: use 'frames' or 'messages'")
     return chosen
 
 
 def wire(comm: Any, framing: str) -> Wire:
-    """The wire of a comm whose hello is through (both ends quiet)."""
+    """The wire of a comm whose hello is through (both ends quiet), as its hello's
+    ``framing`` says (``'socket'`` or ``'messages'``, see :func:`framing_of`)."""
     if framing == "socket":
         return SocketFrames(comm)
-    return _Frames(comm) if framing == "frames" else _Messages(comm)
+    if framing == "messages":
+        return _Messages(comm)
+    raise ValueError(f"a stream's hello asks for framing {framing!r}: 'socket' or 'messages'")

@@ -11,8 +11,7 @@ TLS, small pieces joined into one record), read with one ``recv_into`` when it
 is small and straight into its array when it is big. Tornado's ``IOStream``
 re-registers the socket with the loop around each read and write and resolves
 a future per read: about a third of a tiny call's CPU on both ends, measured
-(``labkv.stream-framing: iostream`` sends the same frames through it, see
-:mod:`.framing`).
+when the same frames still went through it (docs/performance.md).
 """
 
 from __future__ import annotations
