@@ -61,7 +61,7 @@ def _iters(case: str, quick: bool) -> int:
 # --- the worker role (runs under MXNet's Python) -------------------------------------
 
 
-def _worker(cases: list[str], quick: bool, repeats: int) -> None:
+def _worker(cases: list[str], quick: bool, repeats: int, iters: int | None = None) -> None:
     import mxnet as mx
 
     kv = mx.kv.create("dist_sync")
@@ -71,15 +71,15 @@ def _worker(cases: list[str], quick: bool, repeats: int) -> None:
     result: dict[str, list[float]] = {}
     first_key = 0
     for case in cases:
-        iters = _iters(case, quick)
+        n = iters or _iters(case, quick)
         if case == "barrier":
             times = []
             for _ in range(repeats):
                 kv._barrier()
                 t = time.perf_counter()
-                for _ in range(iters):
+                for _ in range(n):
                     kv._barrier()
-                times.append((time.perf_counter() - t) / iters)
+                times.append((time.perf_counter() - t) / n)
             result[case] = times
             continue
         sizes = _SIZES[case]
@@ -105,11 +105,11 @@ def _worker(cases: list[str], quick: bool, repeats: int) -> None:
                 mx.nd.waitall()
             kv._barrier()
             t = time.perf_counter()
-            for _ in range(iters):
+            for _ in range(n):
                 kv.push(keys, grads)
                 kv.pull(keys, out=outs)
                 mx.nd.waitall()
-            times.append((time.perf_counter() - t) / iters)
+            times.append((time.perf_counter() - t) / n)
             kv._barrier()
         result[case] = times
     print(_MARK + json.dumps({"rank": kv.rank, "seconds": result}), flush=True)
@@ -183,12 +183,14 @@ def _cluster(
     quick: bool,
     repeats: int,
     deadline: float,
+    iters: int | None = None,
 ) -> dict[str, list[float]]:
     """One ps-lite cluster running ``cases``; rank 0's seconds per iteration, per repeat."""
     env = _environ(_free_port(), servers, workers)
     me = str(Path(__file__).resolve())
     worker_args = ["--cases", json.dumps(cases), "--repeats", str(repeats)]
     worker_args += ["--quick"] if quick else []
+    worker_args += ["--iters", str(iters)] if iters else []
     roles = ["scheduler"] + ["server"] * servers + ["worker"] * workers
     procs: list[tuple[str, subprocess.Popen, Path]] = []
     with tempfile.TemporaryDirectory(prefix="mxnet-bench-") as tmp:
@@ -247,10 +249,12 @@ def run_mxnet(
     quick: bool = True,
     timeout_s: float = 300,
     repeats: int = 3,
+    iters: int | None = None,
 ) -> dict[str, float]:
     """MXNet's dist_sync on ``cases`` (all of ``CASES`` by default) with ``servers``
     servers and ``workers`` workers: ``{case: rank 0's ms per iteration, median over
-    repeats}``, in ``CASES`` order. ``python`` must import mxnet; every process started
+    repeats}``, in ``CASES`` order (``iters`` iterations a repeat, if given, instead of
+    the case's own count). ``python`` must import mxnet; every process started
     is killed on any error or after ``timeout_s`` seconds (all clusters together)."""
     names = [case for case, _, _ in CASES]
     cases = names if cases is None else cases
@@ -266,7 +270,9 @@ def run_mxnet(
     seconds: dict[str, list[float]] = {}
     for group in groups:
         if group:
-            seconds.update(_cluster(python, servers, workers, group, quick, repeats, deadline))
+            seconds.update(
+                _cluster(python, servers, workers, group, quick, repeats, deadline, iters)
+            )
     return {case: median(seconds[case]) * 1e3 for case in names if case in cases}
 
 
@@ -281,12 +287,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="(the default of the table)")
     parser.add_argument("--full", action="store_true", help="dist.py's full iteration counts")
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--iters", type=int, help="iterations a repeat, for every case")
     args = parser.parse_args()
     cases = None
     if args.cases:
         cases = json.loads(args.cases) if args.cases.startswith("[") else args.cases.split(",")
     if args.role == "worker":
-        _worker(cases or [c for c, _, _ in CASES], args.quick, args.repeats)
+        _worker(cases or [c for c, _, _ in CASES], args.quick, args.repeats, args.iters)
         return
     if args.role:  # scheduler or server: the import runs it, then exits the process
         import mxnet  # noqa: F401
@@ -297,7 +304,9 @@ def main() -> None:
     t = time.perf_counter()
     quick = not args.full
     results = {
-        s: run_mxnet(args.python, s, args.workers, cases, quick, args.timeout, args.repeats)
+        s: run_mxnet(
+            args.python, s, args.workers, cases, quick, args.timeout, args.repeats, args.iters
+        )
         for s in ([args.servers] if args.servers else [1, 2])
     }
     mode = "quick" if quick else "full"

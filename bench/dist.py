@@ -2,6 +2,7 @@
 
     python bench/dist.py [--quick] [--dask-malloc] [--only=16MiB x1,tiny] [--repeats=3]
         [--mxnet=/path/to/mxnet-venv/bin/python] [--field]
+    python bench/dist.py --ranks=2,4,8 [--repeats=3] [--mxnet=...]
 
 W = 2 ranks (``labkv.cluster.run``) on an embedded 2-worker LocalCluster, with
 S = 1 and S = 2 servers, each also with ``replicas=2`` (every server's backup on
@@ -29,6 +30,9 @@ the tiny and 16 MiB cases on a ``tls://`` cluster with its own certificates
 against ``tcp://`` (made with the ``openssl`` command), alternated.
 The streams' frames once went through tornado's ``IOStream``; that comparison is
 in docs/performance.md.
+``--ranks=2,4,8`` measures latency as ranks grow instead: the tiny and barrier cases
+with W ranks on a W-worker cluster, S = 1 and 2, against MXNet at the same W and S
+(``bench/ranks.py``, which has the details).
 A benchmark, not a test: it prints tables, it asserts nothing. dist_ssp against
 dist_async, per call with no pull waiting, is ``bench/ssp.py``.
 """
@@ -560,7 +564,7 @@ def main(
 
 
 _FLAGS = ("--quick", "--dask-malloc", "--field")
-_OPTIONS = ("only", "repeats", "mxnet")
+_OPTIONS = ("only", "repeats", "mxnet", "ranks")
 
 
 def _arguments(argv: list[str]) -> dict[str, Any]:
@@ -584,6 +588,7 @@ def _arguments(argv: list[str]) -> dict[str, Any]:
         "repeats": int(options.get("repeats", 3)),
         "only": options["only"].split(",") if "only" in options else None,
         "mxnet_python": options.get("mxnet"),
+        "ranks": [int(w) for w in options["ranks"].split(",")] if "ranks" in options else None,
     }
 
 
@@ -591,4 +596,18 @@ if __name__ == "__main__":
     if {"-h", "--help"} & set(sys.argv[1:]):
         print(__doc__)
     else:
-        main(**_arguments(sys.argv[1:]))
+        arguments = _arguments(sys.argv[1:])
+        ranks = arguments.pop("ranks")
+        if ranks:
+            import ranks as by_ranks
+
+            by_ranks.main(
+                ranks,
+                [1, 2],
+                ["tiny", "barrier"],
+                125 if arguments["quick"] else 500,
+                arguments["repeats"],
+                arguments["mxnet_python"],
+            )
+        else:
+            main(**arguments)
