@@ -11,6 +11,7 @@ import pickle
 import numpy as np
 import pytest
 
+from labkv.cluster._errors import Failure
 from labkv.cluster._protocol.entries import (
     Clock,
     Entry,
@@ -27,7 +28,7 @@ from labkv.cluster._protocol.messages import KeyMeta
 from labkv.cluster._protocol.packing import PACK_BELOW
 from labkv.cluster._server.key_table import KeyTable
 from labkv.cluster._server.replication.notes import NoteEffects
-from labkv.cluster._server.rounds import Failure, SyncRounds
+from labkv.cluster._server.rounds import SyncRounds
 from labkv.cluster._server.ssp_clocks import Clocks
 from labkv.cluster._server.updates import KeptVotes
 from labkv.cluster._server.waiting import Barriers, Waiters

@@ -57,7 +57,7 @@ def test_a_failed_update_names_its_server_and_the_senders_pushes():
 
 def test_a_failed_update_tagged_by_a_server_of_this_version_is_read():
     # the server's own tag (labkv.cluster._server.rounds.Failure.report_to) is read as is
-    from labkv.cluster._server.rounds import Failure
+    from labkv.cluster._errors import Failure
 
     failure = Failure(KeyError("missing"), 2, ["w"], {"rank-a": {"w": 7}})
     assert failed_update(failure.report_to("rank-a")) == (2, {"w": 7})

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from labkv.cluster._errors import failed_update
-from labkv.cluster._server.rounds import Failure, Round, SyncRounds, pushed_by
+from labkv.cluster._errors import Failure, failed_update
+from labkv.cluster._server.rounds import Round, SyncRounds, pushed_by
 from labkv.cluster._server.sender_order import UpdateQueue
 
 

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 import labkv
+from labkv.cluster._errors import Failure
 from labkv.cluster._protocol.entries import Vote
 from labkv.cluster._protocol.messages import KeyMeta
 from labkv.cluster._server.key_table import KeyTable
 from labkv.cluster._server.replication.seed import ServerSnapshot, ShardSnapshot
-from labkv.cluster._server.rounds import Failure, SyncRounds
+from labkv.cluster._server.rounds import SyncRounds
 from labkv.cluster._server.sender_order import SenderOrder, UpdateQueues
 from labkv.cluster._server.ssp_clocks import Clocks
 from labkv.cluster._server.updates import KeptVotes

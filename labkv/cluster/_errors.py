@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import functools
 import pickle
 from collections.abc import Callable
@@ -137,3 +138,28 @@ def is_lost(exc: BaseException) -> bool:
     """Whether ``exc`` says its server may be gone, not an answer it gave: a
     :class:`ServerLost`, or a broken connection (``OSError``)."""
     return isinstance(exc, (ServerLost, OSError)) and answered_by(exc) is None
+
+
+class Failure:
+    """A failed update on one server: the updater's own exception (with a
+    note naming the server, keys and rounds), owed once to each sender whose
+    pushes the update held (``senders``: sender -> {key: sequence number of
+    the push that carried it})."""
+
+    __slots__ = ("error", "server", "keys", "untold")
+
+    def __init__(
+        self, error: BaseException, server: int, keys: list[Any], senders: dict[str, dict]
+    ):
+        self.error, self.server, self.keys = error, server, list(keys)
+        self.untold = {sender: dict(seqs) for sender, seqs in senders.items()}
+
+    def report_to(self, sender: str) -> BaseException | None:
+        """The exception for ``sender`` the first time it asks; None after that
+        (or when none of its pushes was in the failed update). It carries which
+        of the sender's pushes failed (:func:`mark_failed_update`), so the sender can
+        restore what it committed for them (compression residuals)."""
+        seqs = self.untold.pop(sender, None)
+        if seqs is None:
+            return None
+        return mark_failed_update(copy.copy(self.error), self.server, seqs)

@@ -35,6 +35,7 @@ from ..._types import Key
 from ...compression import sum_from_wire
 from ...shard import Shard
 from .._device import host_copy, host_view, packed_on_host
+from .._errors import Failure
 from .._protocol.entries import Clock
 from .._protocol.messages import Codes, Push, encode, pack_values, push_items
 from .._protocol.packing import PACK_BELOW
@@ -42,14 +43,15 @@ from .._rows.server import read_rows, request_nbytes
 from .key_table import KeyTable
 from .replication.step_marks import StepMarks
 from .reports import Reports
-from .rounds import Failure, Staging, SyncRounds
+from .rounds import Staging, SyncRounds
 from .sender_order import UpdateQueues
 from .ssp_clocks import Clocks, ClocksSnapshot
 from .updates import KeptVotes, Updates
 from .waiting import Waiters
 
 if TYPE_CHECKING:
-    from .replication.replica_log import NullLog, ReplicaLog
+    from .replication.null import NullLog
+    from .replication.replica_log import ReplicaLog
 
 _NONE: frozenset = frozenset()
 # Values smaller than this are copied before they are returned by a pull: the
@@ -61,6 +63,9 @@ _COPY_BELOW = 1 << 20
 
 class Mode:
     """What every mode shares; the hooks a mode may change (see module doc)."""
+
+    #: Whether a round holds every rank's push of a key (dist_sync).
+    sync = False
 
     def __init__(
         self,
@@ -177,6 +182,8 @@ class Mode:
 
 class SyncMode(Mode):
     """dist_sync: rounds of W pushes (see module doc)."""
+
+    sync = True
 
     def __init__(self, *parts: Any, staging: Staging) -> None:
         super().__init__(*parts)

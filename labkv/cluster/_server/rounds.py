@@ -22,9 +22,7 @@ borrowed value that waits for its round is copied (:class:`Staging`).
 
 from __future__ import annotations
 
-import copy
 import pickle
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,39 +30,10 @@ import cloudpickle
 
 from ..._types import Key
 from ...devices import Device, copy_into, empty
-from .._errors import mark_failed_update
+from .._errors import Failure
 
 #: Failures kept for senders that have not pulled since (per key; older ones are dropped).
 KEEP_FAILURES = 100
-
-
-class Failure:
-    """A failed update on one server: the updater's own exception (with a
-    note naming the server, keys and rounds), owed once to each sender whose
-    pushes the update held (``senders``: sender -> {key: sequence number of
-    the push that carried it})."""
-
-    __slots__ = ("error", "server", "keys", "untold")
-
-    def __init__(
-        self, error: BaseException, server: int, keys: list[Any], senders: dict[str, dict]
-    ):
-        self.error, self.server, self.keys = error, server, list(keys)
-        self.untold = {sender: dict(seqs) for sender, seqs in senders.items()}
-
-    def report_to(self, sender: str) -> BaseException | None:
-        """The exception for ``sender`` the first time it asks; None after that
-        (or when none of its pushes was in the failed update). It carries which
-        of the sender's pushes failed (:func:`labkv.cluster._errors.mark_failed_update`), so the sender can
-        restore what it committed for them (compression residuals)."""
-        seqs = self.untold.pop(sender, None)
-        if seqs is None:
-            return None
-        return mark_failed_update(copy.copy(self.error), self.server, seqs)
-
-
-#: What finishes a key's open round (its update applied, or failed as the ``Failure``).
-Finish = Callable[[Any, Failure | None], None]
 
 
 def pushed_by(keys: list[Any], rounds: dict[Any, Round]) -> dict[str, dict]:

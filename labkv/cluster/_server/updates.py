@@ -29,19 +29,20 @@ import cloudpickle
 
 from ..._types import Key
 from ...shard import Shard
-from .._errors import ClusterError, add_note, portable
+from .._errors import ClusterError, Failure, add_note, portable
 from .._protocol.entries import Vote
 from .._protocol.messages import Peer
 from .._tasks import TaskGroup
 from .._transport.base import Host
 from .replication.step_marks import StepMarks, copied
-from .rounds import Failure, Round, SyncRounds, failure_note, pushed_by
+from .rounds import Round, SyncRounds, failure_note, pushed_by
 from .sender_order import UpdateQueues
 from .waiting import Waiters
 
 if TYPE_CHECKING:
     from .key_table import KeyTable
-    from .replication.replica_log import NullLog, ReplicaLog
+    from .replication.null import NullLog
+    from .replication.replica_log import ReplicaLog
 
 
 class Peers:

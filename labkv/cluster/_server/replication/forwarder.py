@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..._errors import is_deposed
 from ..._protocol.messages import Peer
 from ..._tasks import TaskGroup
 from ..._transport.base import POLL_S, Host
-from ..reports import Reports
 from .group import Group
+
+if TYPE_CHECKING:
+    from .ports import ReportsPort
 
 
 class Forwarder:
@@ -27,7 +30,7 @@ class Forwarder:
         group: Group,
         host: Host,
         tasks: TaskGroup,
-        reports: Reports,
+        reports: ReportsPort,
         acked: Callable[[int], None],
         regrouped: Callable[[], None],
     ) -> None:

@@ -10,15 +10,14 @@ told, of votes and of control calls record what the primary did itself.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...._types import Key
+from ..._errors import Failure
 from ..._protocol.entries import Clock, Control, Failed, Note, Passed, Told, Vote
-from ..key_table import KeyTable
-from ..rounds import Failure, SyncRounds
-from ..ssp_clocks import Clocks
-from ..updates import KeptVotes
-from ..waiting import Barriers
+
+if TYPE_CHECKING:
+    from .ports import BarriersPort, ClocksPort, KeptVotesPort, KeyTablePort, RoundsPort
 
 
 class NoteEffects:
@@ -28,11 +27,11 @@ class NoteEffects:
     def __init__(
         self,
         sid: int,
-        table: KeyTable,
-        rounds: SyncRounds,
-        kept: KeptVotes,
-        clocks: Clocks | None,
-        barriers: Barriers,
+        table: KeyTablePort,
+        rounds: RoundsPort,
+        kept: KeptVotesPort,
+        clocks: ClocksPort | None,
+        barriers: BarriersPort,
     ) -> None:
         self.sid, self.table, self.rounds, self.kept, self.clocks = sid, table, rounds, kept, clocks
         self.barriers = barriers

@@ -13,11 +13,11 @@ from ...._types import Key
 from ....shard import Shard
 from ..._protocol.entries import Clock, Vote
 from ..._protocol.messages import Peer
-from ..rounds import Failure, Finish
 from .notes import NoteEffects
 
 if TYPE_CHECKING:
-    from ..modes import Mode
+    from ..._errors import Failure
+    from .ports import Finish, ModePort
 
 
 class NullLog:
@@ -32,7 +32,7 @@ class NullLog:
     def __init__(self, shard: Shard, effects: NoteEffects) -> None:
         self.shard, self.effects = shard, effects
 
-    def fresh(self, sender: str, seq: int, items: list, mode: Mode) -> list:
+    def fresh(self, sender: str, seq: int, items: list, mode: ModePort) -> list:
         return items  # no resends without a failover
 
     def issue_push(
@@ -70,7 +70,7 @@ class NullLog:
     async def replicated(self) -> None:
         pass
 
-    def reply(self, sender: str, payload: Any, mode: Mode) -> Any:
+    def reply(self, sender: str, payload: Any, mode: ModePort) -> Any:
         return payload
 
     def load(self) -> dict[str, Any]:

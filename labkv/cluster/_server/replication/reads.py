@@ -26,21 +26,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...._types import Key
-from ..modes import SyncMode
 from .replica_log import ReplicaLog
 
 if TYPE_CHECKING:
-    from ..actor import Server
+    from .ports import ServerPort
 
 
-def can_read(server: Server) -> bool:
+def can_read(server: ServerPort) -> bool:
     """Whether ``server`` answers a near read (see module doc)."""
     log = server.log
     return isinstance(log, ReplicaLog) and log.seeded and len(log.group.members) == 2
 
 
 async def read_here(
-    server: Server, sender: str, rank: int | None, keys: list[Key], seqs: list[int], rows: Any
+    server: ServerPort, sender: str, rank: int | None, keys: list[Key], seqs: list[int], rows: Any
 ) -> tuple:
     """``(None, epoch, values)`` of ``keys`` once the updates of ``sender``'s pushes
     ``seqs`` of them are applied here (``rows``: as a pull's); ``(None, None, None)``:
@@ -75,5 +74,5 @@ async def read_here(
     server.reports.messages["pull"] += 1
     # A big dist_sync value goes without a copy, as the primary's own-round reads do (no
     # entry changes it before this rank pushes again); another rank's dist_async push may.
-    own = set(keys) if isinstance(server.mode, SyncMode) else set()
+    own = set(keys) if server.mode.sync else set()
     return (None, log.group.epoch, server.mode.values(keys, own, None, rows))

@@ -42,20 +42,24 @@ from ..._protocol.entries import Clock, Control, Entry, Failed, Passed, Told, Vo
 from ..._protocol.messages import Peer
 from ..._tasks import TaskGroup
 from ..._transport.base import Host
-from ..reports import Reports
-from ..rounds import Failure, Finish, SyncRounds
-from ..sender_order import SenderOrder
-from ..updates import KeptVotes
-from ..waiting import Waiters
 from .forwarder import Forwarder
 from .group import Group
 from .notes import NoteEffects
 from .step_marks import StepMarks, copied
 
 if TYPE_CHECKING:
+    from ..._errors import Failure
     from ..._protocol import entries
-    from ..modes import Mode
-    from ..waiting import Barriers
+    from .ports import (
+        BarriersPort,
+        Finish,
+        KeptVotesPort,
+        ModePort,
+        ReportsPort,
+        RoundsPort,
+        SenderOrderPort,
+        WaitersPort,
+    )
 
 
 #: How soon a primary logs a barrier generation every backup passed on its own.
@@ -87,14 +91,14 @@ class ReplicaLog:
         seeded: bool,
         device: Device,
         shard: Shard,
-        rounds: SyncRounds,
-        senders: SenderOrder,
+        rounds: RoundsPort,
+        senders: SenderOrderPort,
         effects: NoteEffects,
-        kept: KeptVotes,
-        waiting: Waiters,
+        kept: KeptVotesPort,
+        waiting: WaitersPort,
         host: Host,
         tasks: TaskGroup,
-        reports: Reports,
+        reports: ReportsPort,
         marks: StepMarks,
     ) -> None:
         self.group, self.seeded, self.marks = group, seeded, marks
@@ -127,7 +131,7 @@ class ReplicaLog:
         return self.group.backups
 
     # -- what pushes, pulls and updates do with the log ----------------------------------
-    def fresh(self, sender: str, seq: int, items: list, mode: Mode) -> list:
+    def fresh(self, sender: str, seq: int, items: list, mode: ModePort) -> list:
         """``items`` of ``sender``'s ``seq``-th push not applied here yet (nor in
         an open round): a resend after a failover must not count twice."""
         applied = self.applied_seq
@@ -209,7 +213,7 @@ class ReplicaLog:
         so that a new primary does not tell it again."""
         self.issue([], [], note=Told(sender, keys))
 
-    def barrier_passed(self, group: str, generation: Any, barriers: Barriers) -> None:
+    def barrier_passed(self, group: str, generation: Any, barriers: BarriersPort) -> None:
         """Log that a barrier generation passed here (a primary's backups release
         its waiters even without every arrival: see ``Barriers.passed_on_primary``):
         at once when a backup may lack an arrival, else (each backup passes it
@@ -260,7 +264,7 @@ class ReplicaLog:
                 ),
             )
 
-    def reply(self, sender: str, payload: Any, mode: Mode) -> tuple:
+    def reply(self, sender: str, payload: Any, mode: ModePort) -> tuple:
         """A push or pull reply: ``(acked, epoch, payload)``, ``acked`` the seq up
         to which ``sender``'s pushes are applied on every live replica."""
         low = self.senders.next(sender)

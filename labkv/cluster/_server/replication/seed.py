@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import numpy as np
@@ -27,17 +27,26 @@ from ..._device import host_copy
 from ..._event_relay import EventStream
 from ..._protocol.messages import Peer
 from ..._transport.base import Host
-from ..control import Fences
-from ..key_table import KeysSnapshot, KeyTable
-from ..modes import Mode
-from ..rounds import RoundsSnapshot, SyncRounds
-from ..sender_order import SenderOrder, UpdateQueues
-from ..ssp_clocks import ClocksSnapshot
-from ..updates import KeptVotes, Peers, Updates
-from ..waiting import Barriers
 from .group import Group
 from .replica_log import LogSnapshot, ReplicaLog
 from .step_marks import StepMarks, StepsSnapshot
+
+if TYPE_CHECKING:
+    from ..key_table import KeysSnapshot
+    from ..rounds import RoundsSnapshot
+    from ..ssp_clocks import ClocksSnapshot
+    from .ports import (
+        BarriersPort,
+        FencesPort,
+        KeptVotesPort,
+        KeyTablePort,
+        ModePort,
+        PeersPort,
+        RoundsPort,
+        SenderOrderPort,
+        UpdateQueuesPort,
+        UpdatesPort,
+    )
 
 
 @dataclass
@@ -105,18 +114,18 @@ class Seeding:
         device: Device,
         host: Host,
         shard: Shard,
-        table: KeyTable,
-        rounds: SyncRounds,
-        senders: SenderOrder,
-        peers: Peers,
-        kept: KeptVotes,
-        queues: UpdateQueues,
+        table: KeyTablePort,
+        rounds: RoundsPort,
+        senders: SenderOrderPort,
+        peers: PeersPort,
+        kept: KeptVotesPort,
+        queues: UpdateQueuesPort,
         log: ReplicaLog,
-        mode: Mode,
+        mode: ModePort,
         marks: StepMarks,
-        barriers: Barriers,
-        fences: Fences,
-        updates: Updates,
+        barriers: BarriersPort,
+        fences: FencesPort,
+        updates: UpdatesPort,
         stream: EventStream,
     ) -> None:
         self.sid, self.device, self.host, self.marks = sid, device, host, marks

@@ -42,7 +42,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,7 +50,9 @@ from ...._types import Key
 from ....devices import new_like, to_device
 from ....sparse import RowSparseArray
 from ..._device import host_copy, host_view
-from ..rounds import SyncRounds
+
+if TYPE_CHECKING:
+    from .ports import RoundsPort
 
 
 @dataclass
@@ -146,7 +148,7 @@ class StepMarks:
         return kept
 
     def replayed_round(
-        self, rounds: SyncRounds, key: Key, rank: int, step: int, sender: str, value: Any
+        self, rounds: RoundsPort, key: Key, rank: int, step: int, sender: str, value: Any
     ) -> None:
         """A dist_sync replay of ``rank``'s push of ``key`` in ``step``: compared
         with the first while that waits in the open round, else skipped;
@@ -160,7 +162,7 @@ class StepMarks:
         rounds.joined[(sender, key)] = number
 
     def before_step(
-        self, rounds: SyncRounds, keys: list[Key], rank: int, step: int
+        self, rounds: RoundsPort, keys: list[Key], rank: int, step: int
     ) -> dict[Key, Any]:
         """The keys ``rank``'s dist_sync pull in ``step`` reads one round back
         (see :meth:`as_of`), with those values."""
