@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 
 from labkv.cluster._rank.failover import ReplicatedLink
-from labkv.cluster._transport.base import ServerLink
+from labkv.cluster._transport.base import ServerLink, SingleServer
 
 SENDER = "rank-a"
 
@@ -55,7 +55,7 @@ class FakeLink(ServerLink):
         self.replica, self.gone = replica, False
 
     def call(self, method, *args):
-        self.raise_if_lost()
+        self._raise_if_lost()
         future = concurrent.futures.Future()
         if method in self.replica.hang:
             self.replica.calls.append((method, args))
@@ -103,7 +103,8 @@ class Group:
 class PlainLink(ServerLink):
     """A link to no server: each call's future waits for the test to settle it
     (``futures``, in call order), but a method of ``answers``, answered at once;
-    ``kept`` and ``tracked`` record what the rank gave it to keep and to track."""
+    ``kept`` and ``tracked`` record what the rank gave its failover to keep and
+    to track."""
 
     def __init__(self, sid: int, loop=None, answers: dict | None = None):
         super().__init__(sid, f"tcp://worker-{sid}")
@@ -112,6 +113,7 @@ class PlainLink(ServerLink):
         self.futures: list[concurrent.futures.Future] = []
         self.kept: list[tuple[int, object]] = []
         self.tracked: list[tuple[str, object]] = []
+        self.failover = RecordingFailover(self)
 
     def call(self, method, *args):
         self.calls.append((method, args))
@@ -121,9 +123,17 @@ class PlainLink(ServerLink):
             future.set_result(self.answers[method])
         return future
 
+
+class RecordingFailover(SingleServer):
+    """A plain link's failover that records on its link what it was given."""
+
+    def __init__(self, link: PlainLink):
+        super().__init__(link.address)
+        self.link = link
+
     def keep(self, seq, msg):
-        self.kept.append((seq, msg))
+        self.link.kept.append((seq, msg))
 
     def track(self, method, future):
-        self.tracked.append((method, future))
+        self.link.tracked.append((method, future))
         return future

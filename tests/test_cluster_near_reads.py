@@ -315,8 +315,8 @@ def _read_where(kv):
     here = []
     for link in kv._links:
         replicas = link.links.values() if isinstance(link, ReplicatedLink) else [link]
-        local = [ln for ln in replicas if ln.same_process]
-        here.append(None if not local else (local[0].server.primary, _pulls([local[0].server])[0]))
+        local = [ln for ln in replicas if ln.local is not None]
+        here.append(None if not local else (local[0].local.primary, _pulls([local[0].local])[0]))
     kept = [len(link.kept) for link in kv._links if isinstance(link, ReplicatedLink)]
     return [o.copy() for o in outs], here, kept
 
@@ -351,8 +351,8 @@ def _ssp_steps(kv):
     values = kv.pull(keys)
     here = []
     for link in kv._links:
-        local = [ln for ln in link.links.values() if ln.same_process]
-        here.append((local[0].server.primary, _pulls([local[0].server])[0]))
+        local = [ln for ln in link.links.values() if ln.local is not None]
+        here.append((local[0].local.primary, _pulls([local[0].local])[0]))
     return values, here
 
 
@@ -435,7 +435,7 @@ def _refused_beside_a_near_read(kv):
 
     kv.push(["a", "b"], [np.ones(3, np.float32)] * 2)
     kv.pull(["a", "b"])  # one of them a near read; the streams to the primaries are open
-    (link,) = [ln for ln in kv._links if ln.links[ln.members[1]].same_process]
+    (link,) = [ln for ln in kv._links if ln.links[ln.members[1]].local is not None]
     (key,) = [k for k, p in kv.placement().items() if p[0]["server"] == link.sid]
     link.primary.call("fence", kv._calls.sender, kv.rank, 0.0).result(10)
     kv.push(key, np.ones(3, np.float32))  # held, then sent to the primary beside the read

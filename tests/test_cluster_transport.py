@@ -14,7 +14,7 @@ import pytest
 from labkv.cluster._errors import CallTimedOut, ClusterError, ServerLost, mark_answer
 from labkv.cluster._transport import base as _transport
 from labkv.cluster._transport import dask as _dask
-from labkv.cluster._transport.base import ServerLink, wait_all
+from labkv.cluster._transport.base import ServerLink, SingleServer, wait_all
 
 
 class Link(ServerLink):
@@ -80,15 +80,25 @@ def test_a_servers_own_oserror_is_its_answer_not_a_loss():
     assert not isinstance(raised.value, ClusterError)
 
 
-class Tended(Link):
-    """A link that counts how often a wait tended it."""
+class CountedTending(SingleServer):
+    """A plain link's failover that counts how often a wait tended it."""
 
-    def __init__(self, sid):
-        super().__init__(sid)
-        self.tended = 0
+    tended = 0
 
     def tend(self):
         self.tended += 1
+
+
+class Tended(Link):
+    """A link whose failover counts how often a wait tended it."""
+
+    def __init__(self, sid):
+        super().__init__(sid)
+        self.failover = CountedTending(self.address)
+
+    @property
+    def tended(self):
+        return self.failover.tended
 
 
 def test_while_one_call_is_waited_for_the_other_links_of_the_wait_are_tended():
@@ -107,10 +117,10 @@ class FailingOver(Link):
         super().__init__(sid)
         self.times = times
 
-    def raise_if_lost(self):
+    def _raise_if_lost(self):
         if self.times:
             self.times -= 1
-            self.generation += 1
+            self.failover.generation += 1
 
 
 def test_a_wait_restarts_its_deadline_when_its_link_fails_over():

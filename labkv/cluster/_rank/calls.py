@@ -176,15 +176,15 @@ class Calls:
         links = self.links
         calls, hold, lent = [], [], []
         for s, msg in messages:
-            if wait and keep_copies and not links[s].same_process:
+            if wait and keep_copies and links[s].local is None:
                 lent.append((s, msg))
             else:
-                links[s].keep(msg.header.seq, msg)
+                links[s].failover.keep(msg.header.seq, msg)
         for s, msg in messages:
             # Held: a copied push to a server in this process, or one that travels
             # as one frame (folded into a pull, it keeps that pull one pickled frame).
             if not wait and self.holding is not None:
-                if links[s].same_process:
+                if links[s].local is not None:
                     hold.append((s, msg))
                     continue
                 if sealable(msg):
@@ -192,9 +192,9 @@ class Calls:
                     continue
             calls.append((s, self.call(s, "push", msg)))
         for s, msg in hold:  # after the calls above: call() sends what was held first
-            self.inflight.append((s, links[s].track("push", self.holding.hold(s, msg))))
+            self.inflight.append((s, links[s].failover.track("push", self.holding.hold(s, msg))))
         for s, msg in lent:
-            links[s].keep(msg.header.seq, kept_copy(msg))
+            links[s].failover.keep(msg.header.seq, kept_copy(msg))
         return calls
 
     def finish_pushes(self, calls: list[tuple[int, Any]], wait: bool) -> None:

@@ -121,7 +121,7 @@ class DistStore(KVStore):
         self.events = EventBus(self._id) if self._streaming is None else self._streaming.bus
         hooks = (self._failed_over, self._promoted, True)  # pulls are near reads where they can be
         for link in links:
-            link.bind(self._calls.sender, spec.timeout, *hooks)
+            link.failover.bind(self._calls.sender, spec.timeout, *hooks)
 
     # -- identity ----------------------------------------------------------------
     @property
@@ -199,7 +199,7 @@ class DistStore(KVStore):
     def _local_server(self, s: int) -> Any:
         """Server ``s`` itself when this process calls it in-process (a rank on
         the server's worker), else None."""
-        return self._links[s].server if self._links[s].same_process else None
+        return self._links[s].local
 
     def configure_ranks(self, num_workers: int) -> None:
         """Tell every server how many ranks a dist_sync round waits for (a run
@@ -225,7 +225,7 @@ class DistStore(KVStore):
         if old is not None:
             if self._streaming is not None:
                 self._streaming.failed_over()
-            extra = {"lost": [old], "replicas": link.replicas(), "primary": link.address}
+            extra = {"lost": [old], "replicas": link.failover.replicas(), "primary": link.address}
             extra["promoted"] = True
             logger.warning(
                 "store %s, rank %d: server %d's primary on %s was lost; %s is its primary now "
@@ -235,7 +235,7 @@ class DistStore(KVStore):
                 link.sid,
                 old,
                 link.address,
-                ", ".join(link.replicas()),
+                ", ".join(link.failover.replicas()),
             )
             self.events.emit("failover", None, rank=self._rank, server=link.sid, extra=extra)
         if self._on_replica_lost is not None:  # the driver starts a replica in its place
@@ -337,7 +337,10 @@ class DistStore(KVStore):
         with calls.sending("push"):  # numbers taken are numbers sent, Ctrl-C or not
             msgs = []
             for s, batch in per_server.items():
-                header, local = (calls.sender, self._rank, calls.next_seq(s)), links[s].same_process
+                header, local = (
+                    (calls.sender, self._rank, calls.next_seq(s)),
+                    links[s].local is not None,
+                )
                 msg = split.push_message(header, batch, meta, not wait, local, compression, step)
                 msgs.append((s, msg))
             sent = calls.send_pushes(msgs, wait, keep_copies)

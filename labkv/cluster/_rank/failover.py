@@ -73,6 +73,7 @@ class ReplicatedLink(ServerLink):
     ):
         self.members = [Peer._make(m) for m in members]
         super().__init__(sid, self.members[0].address)
+        self.failover = self  # keep, track, tend, bind, replicas: its own (see base.Failover)
         self.make_link, self.alive, self.find = make_link, alive, find
         if links is None:
             links = [make_link(sid, m.address, m.actor_key) for m in self.members]
@@ -101,12 +102,8 @@ class ReplicatedLink(ServerLink):
         return self.links[self.members[0]]
 
     @property
-    def same_process(self) -> bool:  # type: ignore[override]
-        return self.primary.same_process
-
-    @property
-    def server(self) -> Any:  # type: ignore[override]
-        return self.primary.server
+    def local(self) -> Any:  # type: ignore[override]
+        return self.primary.local
 
     def bind(
         self,
@@ -159,7 +156,7 @@ class ReplicatedLink(ServerLink):
         if not self.near or pull.step is not None or len(self.members) != 2 or self.wanted != 2:
             return None
         backup = self.members[1]
-        if not self.links[backup].same_process or self.links[backup].lost() is not None:
+        if self.links[backup].local is None or self.links[backup].lost() is not None:
             return None
         last = self.last_push
         return backup if all(k in last for k in pull.keys) else None
@@ -221,8 +218,8 @@ class ReplicatedLink(ServerLink):
             return True
         return self.alive is not None and not self.alive(peer.address)
 
-    def lost_error(self, exc: BaseException) -> ServerLost:
-        return self.primary.lost_error(exc)
+    def _lost_error(self, exc: BaseException) -> ServerLost:
+        return self.primary._lost_error(exc)
 
     def tend(self) -> None:
         """Fail over now if the primary is known lost: a call of another server

@@ -313,7 +313,7 @@ def placement_table(
                 "device": f"{devices[p.server] if devices else 'cpu(0)'}@{links[p.server].address}",
                 "start": p.start,
                 "stop": p.stop,
-                "replicas": links[p.server].replicas(),
+                "replicas": links[p.server].failover.replicas(),
             }
             for p in pieces[key]
         ]

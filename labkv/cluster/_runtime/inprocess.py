@@ -184,12 +184,12 @@ class InProcessLink(ServerLink):
     def __init__(self, sid: int, server: Any, loop: asyncio.AbstractEventLoop, wire: bool = True):
         super().__init__(sid, "in-process")
         self.server, self.loop, self.wire = server, loop, wire
-        self.same_process = not wire
+        self.local = None if wire else server
         self.gone = False
         self.die_after: str | None = None  # a test's fault: lost once this method ran
 
     def call(self, method: str, *args: Any) -> Any:
-        self.raise_if_lost()
+        self._raise_if_lost()
         return asyncio.run_coroutine_threadsafe(self._coro(method, args), self.loop)
 
     async def _coro(self, method: str, args: tuple) -> Any:

@@ -117,7 +117,7 @@ def replica_lost(
         else:
             extra = {"added": added}
         if added is not None or "error" in extra:  # None: no free worker, asked again later
-            extra["replicas"] = link.replicas()
+            extra["replicas"] = link.failover.replicas()
             if added is not None:
                 logger.info(
                     "store %s: server %d re-seeded on %s (replicas %s)",

@@ -177,7 +177,7 @@ def _watch(
     client = handle.client
     links = replicated_links(spec, handle, None) if spec.replicas > 1 else []
     for link in links:  # the watcher's own failovers replay nothing
-        link.bind("labkv-run", spec.timeout)
+        link.failover.bind("labkv-run", spec.timeout)
     replace = None if replacer is None else replacer(links)
     wakeup = _Wakeup(client)
     seen: set[str] = set(handle.workers())

@@ -3,10 +3,12 @@
 A rank reaches server ``s`` through a :class:`ServerLink`: ``link.call(method,
 *args)`` returns a :class:`Waitable`, and :func:`wait_all` waits for several
 calls under one deadline, turning a server known to be lost into
-:class:`~labkv.cluster._errors.ServerLost`. Every member a caller may use is
-declared on :class:`ServerLink`, with what a plain link does: a replicated
-link (:class:`~labkv.cluster._rank.failover.ReplicatedLink`) is one more
-implementation, whose failover happens inside its calls. A server reaches its
+:class:`~labkv.cluster._errors.ServerLost`. A caller uses a link's ``call``,
+``notify`` and ``lost``, and three attributes: ``loop``, ``local`` and
+``failover`` (:class:`Failover`: what it does about replicas; a plain link's,
+:class:`SingleServer`, does nothing). A replicated link
+(:class:`~labkv.cluster._rank.failover.ReplicatedLink`) is one more
+implementation, and its own failover: it fails over inside its calls. A server reaches its
 peers (votes on sliced keys, log entries) through a :class:`Host`. The Dask
 implementations are in :mod:`.dask`, the in-process ones of the tests in
 :mod:`labkv.cluster._runtime.inprocess`.
@@ -48,23 +50,97 @@ class Waitable(Protocol):
     def done(self) -> bool: ...
 
 
+class Failover(Protocol):
+    """What a link does about its server's replicas (:attr:`ServerLink.failover`):
+    nothing, on a plain link (:class:`SingleServer`); a replicated link
+    (:class:`~labkv.cluster._rank.failover.ReplicatedLink`) is its own."""
+
+    #: how many times the link failed over to another replica
+    generation: int
+
+    def replicas(self) -> list[str]:
+        """The workers holding the server, primary first."""
+        ...
+
+    def keep(self, seq: int, msg: Any) -> None:
+        """Push ``msg``, the ``seq``-th of this rank to the server, was sent or
+        is held: kept until a reply acknowledges it."""
+        ...
+
+    def track(self, method: str, future: Waitable) -> Waitable:
+        """The waitable of a call made outside :meth:`ServerLink.call` (a held
+        push, sent later or carried in a pull)."""
+        ...
+
+    def tend(self) -> None:
+        """Called while another server's call is waited for: fail over now if
+        the primary is known lost."""
+        ...
+
+    def bind(
+        self,
+        sender: str,
+        timeout: float,
+        on_failover: Callable[[Any, str | None], None] | None = None,
+        on_promoted: Callable[[Any], None] | None = None,
+        near: bool = False,
+    ) -> None:
+        """The calls of ``sender`` go through the link from now on, each wait
+        bounded by ``timeout``; ``on_failover(link, old)``, ``on_promoted(link)``
+        and ``near`` concern its replicas (see
+        :meth:`labkv.cluster._rank.failover.ReplicatedLink.bind`)."""
+        ...
+
+
+class SingleServer:
+    """The :class:`Failover` of a plain link: one replica, nothing to keep,
+    track, tend or report."""
+
+    generation = 0
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def replicas(self) -> list[str]:
+        return [self.address]
+
+    def keep(self, seq: int, msg: Any) -> None:
+        pass
+
+    def track(self, method: str, future: Waitable) -> Waitable:
+        return future
+
+    def tend(self) -> None:
+        pass
+
+    def bind(
+        self,
+        sender: str,
+        timeout: float,
+        on_failover: Callable[[Any, str | None], None] | None = None,
+        on_promoted: Callable[[Any], None] | None = None,
+        near: bool = False,
+    ) -> None:
+        pass
+
+
 class ServerLink:
     """How a rank reaches server ``sid`` on the Dask worker at ``address``.
 
-    The members below are all a caller may use; the defaults are a plain
-    link's (one server, no replicas)."""
+    A caller uses :meth:`call`, :meth:`notify` and :meth:`lost`; three
+    attributes say how the calls travel: :attr:`loop` (for timers),
+    :attr:`local` (the server object, when arguments reach it by reference)
+    and :attr:`failover` (its replicas: a plain link's do nothing)."""
 
-    #: whether arguments reach the server by reference (it copies what it keeps)
-    same_process = False
     #: the event loop the link's calls run on, for timers (None: no loop of ours)
     loop: asyncio.AbstractEventLoop | None = None
-    #: the server object itself, when calls reach it in-process (else None)
-    server: Any = None
-    #: how many times the link failed over to another replica (a plain link: never)
-    generation = 0
+    #: the server object when calls reach it in this process with their arguments
+    #: by reference (it copies what it keeps), else None
+    local: Any = None
 
     def __init__(self, sid: int, address: str):
         self.sid, self.address = sid, address
+        self.failover: Failover = SingleServer(address)
 
     def call(self, method: str, *args: Any) -> Waitable:
         """Call ``method(*args)`` on the server; raises at once when the server
@@ -81,49 +157,17 @@ class ServerLink:
         """Why the server is known to be lost (its worker gone), or None."""
         return None
 
-    def lost_error(self, exc: BaseException) -> ServerLost:
+    def _lost_error(self, exc: BaseException) -> ServerLost:
         """The error a call to a lost server raises."""
         return ServerLost(
             f"server {self.sid} on Dask worker {self.address} is lost "
             f"(its keys' values and optimizer states are gone): {exc}"
         )
 
-    def raise_if_lost(self) -> None:
+    def _raise_if_lost(self) -> None:
         why = self.lost()
         if why is not None:
-            raise self.lost_error(RuntimeError(why))
-
-    def replicas(self) -> list[str]:
-        """The workers holding the server, primary first."""
-        return [self.address]
-
-    def keep(self, seq: int, msg: Any) -> None:
-        """Push ``msg``, the ``seq``-th of this rank to the server, was sent or
-        is held: a replicated link keeps it until a reply acknowledges it; a
-        plain link has nothing to keep."""
-
-    def track(self, method: str, future: Waitable) -> Waitable:
-        """The waitable of a call made outside :meth:`call` (a held push, sent
-        later or carried in a pull): ``future`` itself on a plain link."""
-        return future
-
-    def tend(self) -> None:
-        """Called while another server's call is waited for: a replicated link
-        whose primary is lost fails over now; a plain link has nothing to do."""
-
-    def bind(
-        self,
-        sender: str,
-        timeout: float,
-        on_failover: Callable[[Any, str | None], None] | None = None,
-        on_promoted: Callable[[Any], None] | None = None,
-        near: bool = False,
-    ) -> None:
-        """The calls of ``sender`` go through this link from now on, each wait
-        bounded by ``timeout``; ``on_failover(link, old)``, ``on_promoted(link)``
-        and ``near`` concern its replicas (see
-        :meth:`labkv.cluster._rank.failover.ReplicatedLink.bind`). A plain link
-        has no replicas to report on."""
+            raise self._lost_error(RuntimeError(why))
 
 
 # -- waiting -----------------------------------------------------------------------------
@@ -138,13 +182,13 @@ def wait_all(
     failed over meanwhile (the call was made again). An error a server raised
     (its answer, see :func:`~labkv.cluster._errors.answered`) goes to
     ``on_server_error`` first. While one call is waited for, the other links
-    of the wait are tended (:meth:`ServerLink.tend`) every ``POLL_S``.
+    of the wait are tended (:meth:`Failover.tend`) every ``POLL_S``.
 
     After a failed call the others are still waited for: a server must have
     answered this call before the next one asks it again (a failed update is
     reported once, to whichever call of the rank comes first)."""
     deadline = time.monotonic() + timeout + GRACE_S
-    generations = [link.generation for link, _ in calls]
+    generations = [link.failover.generation for link, _ in calls]
     results, first_error = [], None
     for (link, future), generation in zip(calls, generations, strict=True):
         try:
@@ -179,12 +223,12 @@ def _wait_one(
         except TIMEOUTS as exc:
             if answered_by(exc) is not None:  # a server's own answer: raise it as it is
                 raise
-            link.raise_if_lost()
+            link._raise_if_lost()
             for other in {id(o): o for o, _ in calls if o is not link}.values():
-                other.tend()
+                other.failover.tend()
             now = time.monotonic()
-            if link.generation != generation:  # failed over: the call was made again
-                generation, deadline = link.generation, now + timeout + GRACE_S
+            if link.failover.generation != generation:  # failed over: the call was made again
+                generation, deadline = link.failover.generation, now + timeout + GRACE_S
             if now >= deadline:
                 raise CallTimedOut(
                     f"server {link.sid} on {link.address} did not answer {what} within "
@@ -199,8 +243,8 @@ def _wait_one(
                     on_server_error(exc)
                 raise
             if isinstance(exc, OSError):  # a broken connection
-                link.raise_if_lost()  # a lost scheduler is named as the cause
-                raise link.lost_error(exc) from exc
+                link._raise_if_lost()  # a lost scheduler is named as the cause
+                raise link._lost_error(exc) from exc
             raise
 
 

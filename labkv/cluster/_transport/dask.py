@@ -123,7 +123,7 @@ class _ActorCall:
             return self.future.result(timeout)
         except RuntimeError as exc:
             if answered_by(exc) is None and _actor_was_lost(exc):
-                raise self.link.lost_error(exc) from exc
+                raise self.link._lost_error(exc) from exc
             raise
 
     def done(self) -> bool:
@@ -139,23 +139,23 @@ class ActorLink(ServerLink):
         self.actor = actor
 
     def call(self, method: str, *args: Any) -> Any:
-        self.raise_if_lost()
+        self._raise_if_lost()
         try:
             future = _dispatch(self.actor, method, _encoded(method, args))
         except (OSError, RuntimeError) as exc:  # "Worker holding Actor was lost"
-            raise self.lost_error(exc) from exc
+            raise self._lost_error(exc) from exc
         return _ActorCall(self, future)
 
     def lost(self) -> str | None:
         return _task_lost(self.actor)
 
-    def raise_if_lost(self) -> None:
+    def _raise_if_lost(self) -> None:
         # A lost scheduler first: it explains every server lost after it (its
         # workers stop with it), and no replica can take over then.
         client = _actor_client(self.actor)
         if client is not None:
             raise_if_scheduler_gone(client)
-        super().raise_if_lost()
+        super()._raise_if_lost()
 
 
 class StreamLink(ServerLink):
@@ -185,24 +185,24 @@ class StreamLink(ServerLink):
     def call(self, method: str, *args: Any) -> Any:
         # A server known to be lost raises here, at once; the message is encoded
         # in the caller's thread, and sent from it too once the stream is open.
-        self.raise_if_lost()
+        self._raise_if_lost()
         future: concurrent.futures.Future = concurrent.futures.Future()
         where = (self.loop, self.connection_args, self.address, self.actor_key)
         _stream.send(*where, method, _encoded(method, args), future)
         return future
 
     def notify(self, method: str, *args: Any) -> None:
-        self.raise_if_lost()
+        self._raise_if_lost()
         where = (self.loop, self.connection_args, self.address, self.actor_key)
         _stream.send(*where, method, _encoded(method, args), None)
 
     def lost(self) -> str | None:
         return None if self.actor is None else _task_lost(self.actor)
 
-    def raise_if_lost(self) -> None:
+    def _raise_if_lost(self) -> None:
         if self.client is not None:  # a lost scheduler explains every lost server
             raise_if_scheduler_gone(self.client)
-        super().raise_if_lost()
+        super()._raise_if_lost()
 
 
 class SameProcessLink(StreamLink):
@@ -210,8 +210,6 @@ class SameProcessLink(StreamLink):
     copy what they keep are called in-process (``Method.local`` in
     :mod:`labkv.cluster._protocol.methods`); the others go on a stream to the
     worker's own address."""
-
-    same_process = True
 
     def __init__(
         self,
@@ -225,7 +223,7 @@ class SameProcessLink(StreamLink):
         super().__init__(
             sid, address, actor_key, worker_loop(worker), worker.connection_args, actor
         )
-        self.worker, self.server = worker, server
+        self.worker, self.local = worker, server
 
     def notify(self, method: str, *args: Any) -> None:
         if not _method(method).local:
@@ -236,10 +234,10 @@ class SameProcessLink(StreamLink):
     def call(self, method: str, *args: Any) -> Any:
         if not _method(method).local:
             return super().call(method, *args)
-        self.raise_if_lost()
-        if actor_on(self.worker, self.address, self.actor_key) is not self.server:
-            raise self.lost_error(RuntimeError("the server actor is gone from its worker"))
-        return asyncio.run_coroutine_threadsafe(_dispatch(self.server, method, args), self.loop)
+        self._raise_if_lost()
+        if actor_on(self.worker, self.address, self.actor_key) is not self.local:
+            raise self._lost_error(RuntimeError("the server actor is gone from its worker"))
+        return asyncio.run_coroutine_threadsafe(_dispatch(self.local, method, args), self.loop)
 
 
 def rank_link(
