@@ -20,6 +20,12 @@ those of ``dist.py``; the result is rank 0's seconds per iteration, median over 
 repeats, in ms. All repeats of a case run in one cluster, a fresh cluster per S; the
 2-bit case gets a cluster of its own, since MXNet's compression, once set, applies to
 every key of the store.
+
+``cpu_per_round`` gives the CPU all of MXNet's processes (scheduler, servers and
+workers: each one's threads) spend per iteration of one case: two clusters, of ``iters``
+and of five times ``iters`` iterations a repeat, each process's CPU read from the
+kernel when the launcher reaps it (``getrusage(RUSAGE_CHILDREN)``); the difference,
+divided by the extra iterations, leaves out the start, the warm-up and the exit.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import contextlib
 import ctypes
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -274,6 +281,34 @@ def run_mxnet(
                 _cluster(python, servers, workers, group, quick, repeats, deadline, iters)
             )
     return {case: median(seconds[case]) * 1e3 for case in names if case in cases}
+
+
+def _children_cpu() -> float:
+    """CPU seconds of every child process this process has reaped so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_per_round(
+    python: str,
+    servers: int,
+    workers: int,
+    case: str,
+    iters: int,
+    repeats: int = 3,
+    timeout_s: float = 300,
+) -> float:
+    """CPU ms of all MXNet processes per iteration of ``case`` (see module doc)."""
+    if case.endswith("2bit"):
+        raise ValueError("cpu_per_round measures the uncompressed cases")
+    deadline = time.monotonic() + timeout_s
+    _check_mxnet(python)
+    spent = []
+    for n in (iters, 5 * iters):
+        before = _children_cpu()
+        _cluster(python, servers, workers, [case], True, repeats, deadline, n)
+        spent.append(_children_cpu() - before)
+    return (spent[1] - spent[0]) / (4 * iters * repeats) * 1e3
 
 
 def main() -> None:

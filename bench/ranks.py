@@ -1,7 +1,7 @@
 """Latency as ranks grow: labkv's dist_sync against MXNet 1.9.1 at the same W and S, in one run.
 
     python bench/ranks.py [--ranks=2,4,8] [--servers=1,2] [--cases=tiny,barrier]
-        [--iters=500] [--repeats=3] [--mxnet=/path/to/mxnet-venv/bin/python]
+        [--iters=500] [--repeats=3] [--mxnet=/path/to/mxnet-venv/bin/python] [--mxnet-cpu]
 
 For each W: an embedded LocalCluster of W worker processes, W ranks
 (``labkv.cluster.run``) on S servers, each iteration a push+pull of one float32
@@ -18,7 +18,8 @@ TCP on 127.0.0.1, W worker and S server processes) on the same cases, iterations
 and repeats, right before and right after labkv's at each W (its time: rank 0's,
 the median of the two runs), and prints labkv / MXNet. Both sides run on the same
 cores at the same time of the run, so the ratio holds on a busy machine where the
-milliseconds do not.
+milliseconds do not. ``--mxnet-cpu`` adds MXNet's CPU per round (all its processes,
+``_mxnet.cpu_per_round``: two more clusters per W, S and case) beside labkv's.
 A benchmark, not a test: it prints tables, it asserts nothing.
 """
 
@@ -85,6 +86,18 @@ def _mxnet(
     }
 
 
+def _mxnet_cpu(
+    python: str, ranks: int, servers: list[int], cases: list[str], iters: int, repeats: int
+) -> dict[int, dict[str, float]]:
+    """MXNet's CPU ms per round (all its processes), ``{S: {case: ms}}``."""
+    from _mxnet import cpu_per_round
+
+    return {
+        s: {c: cpu_per_round(python, s, ranks, c, iters, repeats, timeout_s=900) for c in cases}
+        for s in servers
+    }
+
+
 def main(
     ranks: list[int],
     servers: list[int],
@@ -92,10 +105,11 @@ def main(
     iters: int,
     repeats: int,
     mxnet_python: str | None,
+    mxnet_cpu: bool = False,
 ) -> None:
     from labkv.cluster import connect
 
-    rows = []
+    rows, mx_cpu = [], {}
     for w in ranks:
         mx_runs = []
         if mxnet_python:
@@ -109,28 +123,43 @@ def main(
                     )
         if mxnet_python:
             mx_runs.append(_mxnet(mxnet_python, w, servers, cases, iters, repeats))
+            if mxnet_cpu:
+                mx_cpu[w] = _mxnet_cpu(mxnet_python, w, servers, cases, iters, repeats)
     print(f"labkv dist_sync, W ranks on a W-worker embedded cluster, {iters} iterations, ms")
     print("(slowest rank, median of runs); CPU per round: all worker processes / ranks' threads")
     head = f"{'W':>3}{'S':>3} {'case':<8}{'labkv':>8}{'CPU':>8}{'ranks':>8}"
-    print(head + (f"{'MXNet':>8}{'ratio':>7}" if mxnet_python else ""))
+    print(
+        head
+        + (f"{'MXNet':>8}{'ratio':>7}" if mxnet_python else "")
+        + (f"{'MX CPU':>8}" if mx_cpu else "")
+    )
     for w, s, case, t, cpu, thread, mx_runs in rows:
         line = f"{w:>3}{s:>3} {case:<8}{t * 1e3:>8.3f}{cpu * 1e3:>8.3f}{thread * 1e3:>8.3f}"
         if mx_runs:
             m = median(run[s][case] for run in mx_runs)  # ms
             line += f"{m:>8.3f}{t * 1e3 / m:>7.2f}"
+        if w in mx_cpu:
+            line += f"{mx_cpu[w][s][case]:>8.3f}"
         print(line)
     if mxnet_python:
         print("MXNet: rank 0's ms per iteration, median of its run before and after labkv's")
+    if mx_cpu:
+        print("MX CPU: MXNet's CPU per round, all its processes (_mxnet.cpu_per_round)")
 
 
 def _arguments(argv: list[str]) -> dict:
     known = {"ranks", "servers", "cases", "iters", "repeats", "mxnet"}
     options = {}
+    mxnet_cpu = "--mxnet-cpu" in argv
     for arg in argv:
+        if arg == "--mxnet-cpu":
+            continue
         name, sep, value = arg.removeprefix("--").partition("=")
         if not sep or name not in known:
             raise SystemExit(f"bench/ranks.py: unknown argument {arg!r} (--help)")
         options[name] = value
+    if mxnet_cpu and "mxnet" not in options:
+        raise SystemExit("bench/ranks.py: --mxnet-cpu needs --mxnet=PYTHON")
     return {
         "ranks": [int(w) for w in options.get("ranks", "2,4,8").split(",")],
         "servers": [int(s) for s in options.get("servers", "1,2").split(",")],
@@ -138,6 +167,7 @@ def _arguments(argv: list[str]) -> dict:
         "iters": int(options.get("iters", 500)),
         "repeats": int(options.get("repeats", 3)),
         "mxnet_python": options.get("mxnet"),
+        "mxnet_cpu": mxnet_cpu,
     }
 
 
