@@ -1,7 +1,7 @@
 """Replacing a lost rank mid-run, ``run(..., on_rank_loss="replace")``, or
 going on without it, ``on_rank_loss="shrink"``.
 
-When a worker that runs a rank is lost, the watcher (:func:`~.watch._watch`)
+When a worker that runs a rank is lost, the watcher (:meth:`~.run.Run.replace_lost`)
 hands the rank to :class:`Replacer`, which
 
 1. fences the lost incarnation on every server replica (its late calls are

@@ -13,6 +13,10 @@ every ``_POLL_S`` while the ranks run; when a rank fails or a worker hosting a
 rank or a server disappears, it aborts the servers (waiting ranks get an
 error at once instead of sitting out their timeout, in a barrier too: it is
 held on server 0), cancels the other ranks and raises naming the rank or server lost.
+
+:func:`run` checks its arguments and hands the run to a :class:`Run`, which holds
+its state (servers, each rank's task and worker, the results gathered so far)
+and makes each of the watcher's decisions in a method of its own.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 from ..._types import SYNC_KINDS, dist_kind
 from .. import _event_relay
 from .._device import parse_server_device
-from .._errors import ClusterError
+from .._errors import ClusterError, ServerLost
 from .._event_relay import EventStream, rank_detail, topic_of
 from .._options import (
     DEFAULT_TIMEOUT_S,
@@ -45,11 +49,19 @@ from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
 from .elastic import Replacer, check_on_rank_loss, check_shrink
 from .launch import check_cluster_args, start_servers
-from .links import new_store
+from .links import new_store, replicated_links
 from .needs import modules_needed
 from .progress import Progress, progress_topic, step_reporter
+from .reseed import heal
 from .waits import progress_on
-from .watch import _POLL_S, _stop_ranks, _watch
+from .watch import (
+    _POLL_S,
+    _abort,
+    _result_of,
+    _stop_ranks,
+    _Wakeup,
+    _warn_if_replays_differed,
+)
 
 # A call onto the rank's own worker loop (never waits on another process).
 _LOOP_CALL_S = 10.0
@@ -281,111 +293,395 @@ def run(
     rank_nodes = workers if on_rank_loss == "replace" else workers[:num_workers]
     name = getattr(fn, "__name__", type(fn).__name__)
     check_cluster(handle, workers, needs, rank_nodes, subject=f"the rank function {name}")
-    client = handle.client
-    group = f"labkv-barrier-{uuid.uuid4().hex[:8]}"
-    futures_to_release = None
-    reseeded: list[Any] = []  # replicas started after a loss, released with the run's
-    if shared:
-        kvstore.flush()
-        spec, servers = kvstore.spec, kvstore.servers
-        kvstore.configure_ranks(num_workers)
-    else:
-        num_servers = num_servers or num_workers
-        try:
-            futures_to_release, servers, spec = start_servers(
-                handle,
-                kind,
-                num_servers,
-                num_workers,
-                timeout,
-                workers,
-                server_device,
-                bigarray_bound,
-                name=kvstore.lower(),
-                staleness=staleness,
-                replicas=replicas,
-            )
-        except Exception:  # Dask's "futures cancelled": a lost scheduler explains it best
-            raise_if_scheduler_gone(client)
-            raise
-    hold = replace_timeout if on_rank_loss == "replace" else 0.0
-    # this run's own barrier group; its ranks wait for a replacement as the servers do
-    spec = dataclasses.replace(spec, group=group, seed=int(seed), replace_hold=hold)
-    rank_workers = workers[:num_workers]
-    # The notebook watches the shared store: the ranks stream their own events too.
-    watched = shared and kvstore.events.active
-    detail = rank_detail(kvstore.events, num_workers) if watched else None
+    new_servers = None
+    if not shared:
+        new_servers = NewServers(
+            kind,
+            num_servers or num_workers,
+            timeout,
+            server_device,
+            bigarray_bound,
+            kvstore.lower(),
+            staleness,
+            replicas,
+        )
+    return Run(
+        handle,
+        RankTask(fn, tuple(args), kwargs, num_workers),
+        workers,
+        store=kvstore if shared else None,
+        new_servers=new_servers,
+        on_rank_loss=on_rank_loss,
+        max_restarts=max_restarts,
+        replace_timeout=replace_timeout,
+        seed=seed,
+        progress=progress,
+    ).execute()
 
-    def submit(rank: int, incarnation: int, worker: str, spec: StoreSpec = spec) -> Any:
+
+@dataclasses.dataclass(frozen=True)
+class RankTask:
+    """What every rank runs: ``fn(kv, *args, **kwargs)``, as rank r of ``num_workers``."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict[str, Any]
+    num_workers: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NewServers:
+    """The servers a run starts for itself (its ``kvstore`` a type, not a shared store)."""
+
+    kind: str
+    num_servers: int
+    timeout: float
+    server_device: str
+    bigarray_bound: int
+    name: str
+    staleness: int | None
+    replicas: int
+
+
+# How long a rank failed by a lost server waits for the scheduler to remove that
+# server's worker: the lost worker, once named, explains the failure best.
+_REMOVAL_WAIT_S = 3.0
+
+
+class Run:
+    """One call of :func:`run`: its servers, its ranks' futures and workers, the
+    results gathered so far, and the watcher's decisions (module doc), each a
+    method. ``execute`` starts the servers and the ranks, watches them, and
+    releases what the run started."""
+
+    def __init__(
+        self,
+        handle: ClusterHandle,
+        task: RankTask,
+        workers: list[str],
+        *,
+        store: DistStore | None = None,
+        new_servers: NewServers | None = None,
+        on_rank_loss: str = "fail",
+        max_restarts: int = 3,
+        replace_timeout: float = 60.0,
+        seed: int = 0,
+        progress: bool | None = None,
+    ) -> None:
+        self.handle, self.client, self.task = handle, handle.client, task
+        self.workers = workers  # the cluster's, as checked: new servers go on them
+        self.store, self.new_servers = store, new_servers  # a shared store, or servers to start
+        self.on_rank_loss, self.max_restarts = on_rank_loss, max_restarts
+        self.replace_timeout, self.seed, self.progress = replace_timeout, seed, progress
+        self.group = f"labkv-barrier-{uuid.uuid4().hex[:8]}"  # this run's own barrier group
+        self.spec: StoreSpec | None = None
+        self.servers: list[Any] = []
+        self.to_release: Any = None  # the futures of the servers the run started
+        self.reseeded: list[Any] = []  # replicas started after a loss, released with the run's
+        self.detail: tuple[float, int] | None = None
+        self.topic: str | None = None  # the ranks' steps, for the progress line
+        self.shown: Progress | None = None
+        self.futures: list[Any] = []  # each rank's current task
+        self.rank_workers = workers[: task.num_workers]  # each rank's current worker
+        self.results: dict[int, Any] = {}  # gathered as each rank finishes: its worker may go later
+        self.links: list[Any] = []  # the watcher's replicated links (none without replicas)
+        self.replace: Replacer | None = None  # with on_rank_loss "replace" or "shrink"
+        self.wakeup = _Wakeup(self.client)
+        self.seen: set[str] = set()  # the live workers when the watcher last looked at replicas
+
+    def execute(self) -> list[Any]:
+        """Start, watch and release the run; the ranks' results in rank order."""
+        self.start()
+        self.submit_ranks()
+        ok = False
+        try:
+            with self.client.as_current():  # distributed.wait looks for "the current client"
+                out = self.watch()
+            ok = True
+        except ClusterError:
+            raise
+        except Exception as exc:  # a broken connection: a lost scheduler explains it best
+            self.raise_if_scheduler_lost(exc)
+            raise
+        except BaseException as exc:  # Ctrl-C: no rank may go on writing to the store
+            self.stop(exc)
+            raise
+        finally:
+            self.release(ok)
+        return out
+
+    def start(self) -> None:
+        """The run's servers (a shared store's, or new ones) and its spec: its own
+        barrier group, its seed, and how long servers hold their waits for a
+        replacement (the ranks wait as long)."""
+        store, new = self.store, self.new_servers
+        num_workers = self.task.num_workers
+        if store is not None:
+            store.flush()
+            spec, self.servers = store.spec, store.servers
+            store.configure_ranks(num_workers)
+        else:
+            try:
+                self.to_release, self.servers, spec = start_servers(
+                    self.handle,
+                    new.kind,
+                    new.num_servers,
+                    num_workers,
+                    new.timeout,
+                    self.workers,
+                    new.server_device,
+                    new.bigarray_bound,
+                    name=new.name,
+                    staleness=new.staleness,
+                    replicas=new.replicas,
+                )
+            except Exception:  # Dask's "futures cancelled": a lost scheduler explains it best
+                raise_if_scheduler_gone(self.client)
+                raise
+        hold = self.replace_timeout if self.on_rank_loss == "replace" else 0.0
+        self.spec = dataclasses.replace(
+            spec, group=self.group, seed=int(self.seed), replace_hold=hold
+        )
+        # The notebook watches the shared store: the ranks stream their own events too.
+        if store is not None and store.events.active:
+            self.detail = rank_detail(store.events, num_workers)
+
+    def submit_ranks(self) -> None:
+        """Show the progress line (unless turned off) and submit every rank."""
+        progress = progress_on() if self.progress is None else self.progress
+        self.topic = progress_topic(self.group) if progress else None
+        if self.topic is not None:
+            self.shown = Progress(self.client, self.topic, self.task.num_workers).start()
+        self.futures = [self.submit(r, 0, w) for r, w in enumerate(self.rank_workers)]
+
+    def submit(
+        self, rank: int, incarnation: int, worker: str, spec: StoreSpec | None = None
+    ) -> Any:
+        """Submit incarnation ``incarnation`` of ``rank``, pinned to ``worker``, on
+        the servers of ``spec`` (default: the run's)."""
+        spec = self.spec if spec is None else spec
+        task, shared = self.task, self.store is not None
         again = f"-i{incarnation}" if incarnation else ""
-        return client.submit(
+        return self.client.submit(
             _rank_main,
-            fn,
+            task.fn,
             spec,
             # Replicated: no actor handles as arguments (a rank reaches its servers
             # by address and key), else Dask fails the rank when one actor's worker dies.
-            [] if spec.replicas > 1 else servers,
+            [] if spec.replicas > 1 else self.servers,
             rank,
-            num_workers,
+            task.num_workers,
             not shared and rank == 0,
-            tuple(args),
-            kwargs,
-            detail,
+            task.args,
+            task.kwargs,
+            self.detail,
             incarnation,
             shared and rank == 0,
-            topic,
-            key=f"{_RANK_KEY}{group}-{rank}{again}",
+            self.topic,
+            key=f"{_RANK_KEY}{self.group}-{rank}{again}",
             workers=[worker],
             allow_other_workers=False,
             pure=False,
         )
 
-    def emit(op: str, **fields: Any) -> None:
-        if shared:
-            kvstore.events.emit(op, None, **fields)
+    def emit(self, op: str, **fields: Any) -> None:
+        """Report a run's event (a lost, replaced or dropped rank) on a shared store's bus."""
+        if self.store is not None:
+            self.store.events.emit(op, None, **fields)
 
-    made: list[Replacer] = []  # the watcher's, whose replacements a Ctrl-C stops too
+    def open_links(self) -> None:
+        """The watcher's replicated links (their failovers replay nothing), and the
+        replacer of lost ranks unless a lost rank fails the run."""
+        spec = self.spec
+        self.links = replicated_links(spec, self.handle, None) if spec.replicas > 1 else []
+        for link in self.links:
+            link.failover.bind("labkv-run", spec.timeout)
+        if self.on_rank_loss != "fail":
+            limits = (self.max_restarts, self.replace_timeout, self.on_rank_loss == "shrink")
+            self.replace = Replacer(
+                spec, self.servers, self.links, self.submit, self.handle.workers, self.emit, *limits
+            )
 
-    def replacer(links: list[Any]) -> Replacer:
-        limits = (max_restarts, replace_timeout, on_rank_loss == "shrink")
-        made.append(Replacer(spec, servers, links, submit, handle.workers, emit, *limits))
-        return made[-1]
+    def watch(self) -> list[Any]:
+        """Wait for the ranks' results, in rank order, looking at the cluster when a
+        rank ends, a rank's worker is removed, and every ``_POLL_S``."""
+        self.open_links()
+        self.seen = set(self.handle.workers())
+        try:
+            for future, worker in zip(self.futures, self.rank_workers, strict=True):
+                self.wakeup.future(future)
+                self.wakeup.worker(worker)
+            while True:
+                self.wakeup.wait(_POLL_S)
+                raise_if_scheduler_gone(self.client)
+                self.gather_finished()
+                if len(self.results) == len(self.futures):
+                    if self.replace is not None and self.replace.history:
+                        _warn_if_replays_differed(self.replace)
+                    return [self.results[r] for r in range(len(self.futures))]
+                failed = self.failed_ranks()
+                if failed:
+                    self.rank_failed(failed[0])  # raises unless its loss was handled
+                    continue
+                died = self.check_workers()
+                if died is not None:
+                    self.fail(died, None)
+        finally:
+            self.wakeup.close()
 
-    if progress is None:
-        progress = progress_on()
-    topic = progress_topic(group) if progress else None
-    shown = Progress(client, topic, num_workers).start() if topic is not None else None
-    futures = [submit(rank, 0, rank_workers[rank]) for rank in range(num_workers)]
-    replace = replacer if on_rank_loss != "fail" else None
-    ok = False
-    try:
-        with client.as_current():  # distributed.wait looks for "the current client"
-            out = _watch(handle, futures, rank_workers, spec, servers, reseeded, replace)
-        ok = True
-    except ClusterError:
-        raise
-    except Exception as exc:  # a broken connection: a lost scheduler explains it best
-        if isinstance(exc, OSError) and scheduler_gone(client) is None:
-            time.sleep(_POLL_S)  # the client notices a moment after its calls fail
-        raise_if_scheduler_gone(client)
-        raise
-    except BaseException as exc:  # Ctrl-C: no rank may go on writing to the store
-        started = [fw for r in made for fw in r.started]
-        every = [*futures, *(f for f, _ in started)]
-        workers_of = [*rank_workers, *(w for _, w in started)]
-        _stop_ranks(handle, spec, servers, every, workers_of, type(exc).__name__)
-        raise
-    finally:
-        if shown is not None:
-            shown.close()
-        if scheduler_gone(client) is None:  # else nothing is left to release
-            if shared:
-                try:
-                    kvstore.configure_ranks(1)
-                except Exception:
-                    if ok:
-                        raise
-            else:
-                client.cancel(futures_to_release)
-            client.cancel(reseeded)
-    return out
+    def gather_finished(self) -> None:
+        """Gather the result of every rank that finished since the last look (a
+        result lost with its worker is left to :meth:`lost_workers`)."""
+        for rank, future in enumerate(self.futures):
+            if rank not in self.results and future.status == "finished":
+                gathered, result = _result_of(
+                    future, lambda w=self.rank_workers[rank]: w in self.handle.workers()
+                )
+                if gathered:
+                    self.results[rank] = result
+
+    def failed_ranks(self) -> list[int]:
+        """The ranks, without a result, whose task failed, was cancelled or lost."""
+        return [
+            r
+            for r, f in enumerate(self.futures)
+            if r not in self.results and f.status in ("error", "cancelled", "lost")
+        ]
+
+    def rank_failed(self, rank: int) -> None:
+        """Rank ``rank``'s task failed: go on if its worker was lost and the rank
+        replaced or dropped, else fail the run, naming the lost workers (they
+        explain a failed rank best) or the rank and its error."""
+        future = self.futures[rank]
+        exc = future.exception() if future.status == "error" else None
+        died = self.check_workers()
+        if died is None and not self.handled(rank, future) and isinstance(exc, ServerLost):
+            died = self.await_removal(rank, future)
+        if self.handled(rank, future):
+            return
+        if died is not None:
+            try:
+                self.fail(died, None)
+            except ClusterError as error:
+                raise error from exc
+        self.fail(f"rank {rank} (on {self.rank_workers[rank]}) failed ({future.status})", exc)
+
+    def await_removal(self, rank: int, future: Any) -> str | None:
+        """A rank failed by a lost server: look at the workers again for at most
+        ``_REMOVAL_WAIT_S`` (the scheduler may not have removed the worker yet);
+        why the run fails, or None."""
+        died = None
+        deadline = time.monotonic() + _REMOVAL_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            died = self.check_workers()
+            if died is not None or self.handled(rank, future):
+                break
+        return died
+
+    def handled(self, rank: int, future: Any) -> bool:
+        """Whether the failed ``future`` of ``rank`` was replaced or dropped."""
+        return self.futures[rank] is not future or rank in self.results
+
+    def check_workers(self) -> str | None:
+        """:meth:`lost_workers`, where a replacement that cannot be made fails the run."""
+        try:
+            return self.lost_workers()
+        except ClusterError as exc:
+            self.fail(str(exc), None)
+            raise
+
+    def lost_workers(self) -> str | None:
+        """Why the run fails after the workers it lost (None: it lost none, or
+        only ranks' workers, and their ranks were replaced or dropped)."""
+        live = set(self.handle.workers())
+        lost_ranks = [
+            r for r, w in enumerate(self.rank_workers) if w not in live and r not in self.results
+        ]
+        lost_servers = self.lost_servers(live)
+        if self.replace is not None and lost_ranks and not lost_servers:
+            self.replace_lost(lost_ranks)
+            return None
+        if not (lost_ranks or lost_servers):
+            return None
+        addresses = self.spec.server_addresses
+        gone = sorted(
+            {self.rank_workers[r] for r in lost_ranks} | {addresses[s] for s in lost_servers}
+        )
+        return (
+            f"Dask worker(s) {gone} died: ranks {lost_ranks} lost; servers {lost_servers} "
+            "lost with their keys' values and optimizer states"
+        )
+
+    def lost_servers(self, live: set[str]) -> list[int]:
+        """The servers lost with their values: any whose worker is not ``live``;
+        with replicas, those left with no replica (a lost worker costs a failover
+        and a re-seed, done here at once, so the ranks find the new primary ready)."""
+        if not self.links:
+            return [s for s, w in enumerate(self.spec.server_addresses) if w not in live]
+        if live == self.seen:
+            return []
+        self.seen = set(live)
+        return heal(self.handle, self.spec, self.links, self.reseeded, tuple(self.rank_workers))
+
+    def replace_lost(self, ranks: list[int]) -> None:
+        """Replace each lost rank in ``ranks`` on a free worker, or drop it
+        (``"shrink"``: its result is None); its old task, pinned to a dead worker,
+        never runs and is cancelled."""
+        replace = self.replace
+        for rank in ranks:
+            busy = {
+                w for r, w in enumerate(self.rank_workers) if r not in self.results and r != rank
+            }
+            self.client.cancel([self.futures[rank]])
+            if replace.shrink:
+                replace.drop(rank, self.rank_workers[rank], len(self.futures))
+                self.results[rank] = None
+                continue
+            self.futures[rank], self.rank_workers[rank] = replace.replace(
+                rank, self.rank_workers[rank], busy
+            )
+            self.wakeup.future(self.futures[rank])
+            self.wakeup.worker(self.rank_workers[rank])
+
+    def fail(self, reason: str, cause: BaseException | None) -> None:
+        """Abort the servers (waiting ranks get ``reason`` at once), cancel the
+        ranks, and raise ``cause``, or a ``ClusterError(reason)`` without one."""
+        _abort(self.client, self.spec, self.servers, reason)
+        self.client.cancel(self.futures)
+        if cause is None:
+            raise ClusterError(reason)
+        raise cause
+
+    def raise_if_scheduler_lost(self, exc: Exception) -> None:
+        """Raise the lost scheduler's error if it explains ``exc`` (a broken
+        connection: the client notices a moment after its calls fail)."""
+        if isinstance(exc, OSError) and scheduler_gone(self.client) is None:
+            time.sleep(_POLL_S)
+        raise_if_scheduler_gone(self.client)
+
+    def stop(self, exc: BaseException) -> None:
+        """An interrupted run (``exc``: a Ctrl-C): stop every rank task, the
+        replacements too, so that none goes on writing to the store."""
+        started = self.replace.started if self.replace is not None else []
+        every = [*self.futures, *(f for f, _ in started)]
+        workers_of = [*self.rank_workers, *(w for _, w in started)]
+        _stop_ranks(self.handle, self.spec, self.servers, every, workers_of, type(exc).__name__)
+
+    def release(self, ok: bool) -> None:
+        """Close the progress line and release what the run started: new servers
+        (a shared store takes one rank again), re-seeded replicas. After a failed
+        run (not ``ok``), a release that fails does not hide the run's error."""
+        if self.shown is not None:
+            self.shown.close()
+        if scheduler_gone(self.client) is not None:  # nothing is left to release
+            return
+        if self.store is not None:
+            try:
+                self.store.configure_ranks(1)
+            except Exception:
+                if ok:
+                    raise
+        else:
+            self.client.cancel(self.to_release)
+        self.client.cancel(self.reseeded)

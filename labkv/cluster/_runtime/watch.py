@@ -1,13 +1,14 @@
-"""How ``run`` watches its ranks, and how it stops them.
+"""The helpers of ``run``'s watcher (:class:`~.run.Run`): what wakes it, how it
+gathers a finished rank's result, and how it stops the ranks.
 
-While the ranks run, the launcher looks at the cluster's workers
-(:func:`_watch`) as soon as a rank ends or the scheduler removes a rank's
-worker (its ``remove-worker`` event, :class:`_Wakeup`), and every ``_POLL_S``
-in any case: a rank that failed, or a lost worker hosting a rank or a server
-fails the run at once (or has the rank replaced, ``on_rank_loss="replace"``,
-or dropped, ``"shrink"``: its result is None; see :mod:`.elastic`). Stopping
-(:func:`_stop_ranks`, :func:`_abort`) bars the run's senders on every server,
-so that a stopped rank's later calls are refused, and cancels the rank tasks.
+While the ranks run, the watcher looks at the cluster's workers as soon as a
+rank ends or the scheduler removes a rank's worker (its ``remove-worker``
+event, :class:`_Wakeup`), and every ``_POLL_S`` in any case: a rank that
+failed, or a lost worker hosting a rank or a server fails the run at once (or
+has the rank replaced, ``on_rank_loss="replace"``, or dropped, ``"shrink"``:
+its result is None; see :mod:`.elastic`). Stopping (:func:`_stop_ranks`,
+:func:`_abort`) bars the run's senders on every server, so that a stopped
+rank's later calls are refused, and cancels the rank tasks.
 """
 
 from __future__ import annotations
@@ -22,14 +23,10 @@ from typing import Any
 import distributed
 
 from ..._call.interrupts import sigint_held
-from .._errors import ClusterError, ServerLost
 from .._options import StoreSpec
 from .._transport.dask import ActorLink, actor_address
-from .._transport.scheduler import raise_if_scheduler_gone
 from .connect import ClusterHandle
 from .elastic import Replacer
-from .links import replicated_links
-from .reseed import heal
 
 _POLL_S = 0.25
 # How long one look at a finished rank's result waits before asking whether the
@@ -126,7 +123,7 @@ def _warn_if_replays_differed(replace: Replacer) -> None:
             "step.rng, state kept across steps, another device), so the run is not "
             "bit-identical to an undisturbed one (the first pushes were kept)",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=5,  # the caller of run (via Run.execute and Run.watch)
         )
 
 
@@ -159,131 +156,3 @@ class _Wakeup:
         for topic in self.topics:
             with contextlib.suppress(Exception):  # the scheduler may be gone
                 self.client.unsubscribe_topic(topic)
-
-
-def _watch(
-    handle: ClusterHandle,
-    futures: list[Any],
-    rank_workers: list[str],
-    spec: StoreSpec,
-    servers: list[Any],
-    reseeded: list[Any],
-    replacer: Callable[[list[Any]], Replacer] | None = None,
-) -> list[Any]:
-    """Wait for the ranks' results, in rank order (see module doc); with a
-    ``replacer`` (made from the watcher's replicated links), a lost rank is
-    replaced instead of failing the run. ``futures`` and ``rank_workers`` are
-    updated in place as ranks are replaced."""
-    client = handle.client
-    links = replicated_links(spec, handle, None) if spec.replicas > 1 else []
-    for link in links:  # the watcher's own failovers replay nothing
-        link.failover.bind("labkv-run", spec.timeout)
-    replace = None if replacer is None else replacer(links)
-    wakeup = _Wakeup(client)
-    seen: set[str] = set(handle.workers())
-    results: dict[int, Any] = {}  # gathered as each rank finishes: its worker may go later
-
-    def servers_lost(live: set[str]) -> list[int]:
-        if not links:
-            return [s for s, w in enumerate(spec.server_addresses) if w not in live]
-        # Replicated: a lost worker costs a failover and a re-seed, not the run;
-        # the watcher promotes at once, so the ranks find the new primary ready.
-        if live == seen:
-            return []
-        seen.clear()
-        seen.update(live)
-        return heal(handle, spec, links, reseeded, tuple(rank_workers))
-
-    def lost_workers() -> str | None:
-        live = set(handle.workers())
-        lost_ranks = [r for r, w in enumerate(rank_workers) if w not in live and r not in results]
-        lost_servers = servers_lost(live)
-        if replace is not None and lost_ranks and not lost_servers:
-            for rank in lost_ranks:
-                busy = {w for r, w in enumerate(rank_workers) if r not in results and r != rank}
-                client.cancel([futures[rank]])  # pinned to a dead worker: never runs
-                if replace.shrink:
-                    replace.drop(rank, rank_workers[rank], len(futures))
-                    results[rank] = None  # the run goes on without it
-                    continue
-                futures[rank], rank_workers[rank] = replace.replace(rank, rank_workers[rank], busy)
-                wakeup.future(futures[rank])
-                wakeup.worker(rank_workers[rank])
-            return None
-        if not (lost_ranks or lost_servers):
-            return None
-        gone = sorted(
-            {rank_workers[r] for r in lost_ranks} | {spec.server_addresses[s] for s in lost_servers}
-        )
-        return (
-            f"Dask worker(s) {gone} died: ranks {lost_ranks} lost; servers {lost_servers} "
-            "lost with their keys' values and optimizer states"
-        )
-
-    def fail(reason: str, cause: BaseException | None) -> None:
-        _abort(client, spec, servers, reason)
-        client.cancel(futures)
-        if cause is None:
-            raise ClusterError(reason)
-        raise cause
-
-    def handled(rank: int, future: Any) -> bool:
-        """Whether the failed ``future`` of ``rank`` was replaced or dropped."""
-        return futures[rank] is not future or rank in results
-
-    def guarded(step: Callable[[], str | None]) -> str | None:
-        try:
-            return step()
-        except ClusterError as exc:  # a replacement that cannot be made fails the run
-            fail(str(exc), None)
-            raise
-
-    try:
-        for future, worker in zip(futures, rank_workers, strict=True):
-            wakeup.future(future)
-            wakeup.worker(worker)
-        while True:
-            wakeup.wait(_POLL_S)
-            raise_if_scheduler_gone(client)
-            for rank, future in enumerate(futures):
-                if rank not in results and future.status == "finished":
-                    gathered, result = _result_of(
-                        future, lambda w=rank_workers[rank]: w in handle.workers()
-                    )
-                    if gathered:  # if not, the lost worker's rank is handled below
-                        results[rank] = result
-            if len(results) == len(futures):
-                if replace is not None and replace.history:
-                    _warn_if_replays_differed(replace)
-                return [results[r] for r in range(len(futures))]
-            failed = [
-                r
-                for r, f in enumerate(futures)
-                if r not in results and f.status in ("error", "cancelled", "lost")
-            ]
-            if failed:
-                rank = failed[0]
-                future = futures[rank]
-                exc = future.exception() if future.status == "error" else None
-                died = guarded(lost_workers)  # a dead worker explains a failed rank best
-                if died is None and handled(rank, future):
-                    continue  # its worker was lost, and it was replaced or dropped
-                deadline = time.monotonic() + 3.0
-                while died is None and isinstance(exc, ServerLost) and time.monotonic() < deadline:
-                    time.sleep(_POLL_S)  # the scheduler may not have removed the worker yet
-                    died = guarded(lost_workers)
-                    if died is None and handled(rank, future):
-                        break
-                if handled(rank, future):
-                    continue
-                if died is not None:
-                    try:
-                        fail(died, None)
-                    except ClusterError as error:
-                        raise error from exc
-                fail(f"rank {rank} (on {rank_workers[rank]}) failed ({future.status})", exc)
-            died = guarded(lost_workers)
-            if died is not None:
-                fail(died, None)
-    finally:
-        wakeup.close()
