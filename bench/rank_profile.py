@@ -29,24 +29,15 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ranks import warmed_step  # noqa: E402
 
 
 def _rank(kv, case: str, iters: int) -> bytes:
-    """One rank's loop, its thread profiled over the timed iterations: the stats, marshalled."""
-    if case == "barrier":
-        step = kv.barrier
-    else:
-        kv.init(0, np.zeros(1, np.float32))
-        grad, out = np.ones(1, np.float32), np.empty(1, np.float32)
-
-        def step() -> None:
-            kv.push(0, grad)
-            kv.pull(0, out=out)
-
-    for _ in range(2):
-        step()
-    kv.barrier()
+    """One rank's loop (``bench/ranks.py``'s), its thread profiled over the timed
+    iterations: the stats, marshalled."""
+    step = warmed_step(kv, case)
     profile = cProfile.Profile(time.thread_time)
     profile.enable()
     for _ in range(iters):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
@@ -35,9 +36,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def _rank(kv, case: str, iters: int) -> tuple[float, float, float]:
-    """One rank's loop: (seconds per iteration, its process's CPU seconds and its
-    thread's CPU seconds over the timed iterations)."""
+def warmed_step(kv, case: str) -> Callable[[], None]:
+    """One iteration of ``case`` on ``kv`` (its key initialised), after 2 warm
+    ones and a barrier: a barrier, or a push+pull of one float32 ("tiny")."""
     if case == "barrier":
         step = kv.barrier
     else:
@@ -51,6 +52,13 @@ def _rank(kv, case: str, iters: int) -> tuple[float, float, float]:
     for _ in range(2):
         step()
     kv.barrier()
+    return step
+
+
+def _rank(kv, case: str, iters: int) -> tuple[float, float, float]:
+    """One rank's loop: (seconds per iteration, its process's CPU seconds and its
+    thread's CPU seconds over the timed iterations)."""
+    step = warmed_step(kv, case)
     cpu, thread = time.process_time(), time.thread_time()
     t = time.perf_counter()
     for _ in range(iters):
