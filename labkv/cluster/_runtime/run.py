@@ -21,20 +21,16 @@ and makes each of the watcher's decisions in a method of its own.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import logging
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from ..._types import SYNC_KINDS, dist_kind
-from .. import _event_relay
 from .._device import parse_server_device
 from .._errors import ClusterError, ServerLost
-from .._event_relay import EventStream, rank_detail, topic_of
+from .._event_relay import rank_detail
 from .._options import (
     DEFAULT_TIMEOUT_S,
     StoreSpec,
@@ -43,15 +39,15 @@ from .._options import (
 )
 from .._placement import DEFAULT_BIGARRAY_BOUND
 from .._rank.dist_store import DistStore
-from .._transport.dask import worker_loop
 from .._transport.scheduler import raise_if_scheduler_gone, scheduler_gone
 from .compat import check_cluster
 from .connect import ClusterHandle, default_handle
 from .elastic import Replacer, check_on_rank_loss, check_shrink
 from .launch import check_cluster_args, start_servers
-from .links import new_store, replicated_links
+from .links import replicated_links
 from .needs import modules_needed
-from .progress import Progress, progress_topic, step_reporter
+from .progress import Progress, progress_topic
+from .rank_task import RANK_KEY, rank_main
 from .reseed import heal
 from .waits import progress_on
 from .watch import (
@@ -62,96 +58,6 @@ from .watch import (
     _Wakeup,
     _warn_if_replays_differed,
 )
-
-# A call onto the rank's own worker loop (never waits on another process).
-_LOOP_CALL_S = 10.0
-
-
-def _rank_main(
-    fn: Callable,
-    spec: StoreSpec,
-    servers: list[Any],
-    rank: int,
-    num_workers: int,
-    owner: bool,
-    args: tuple,
-    kwargs: dict,
-    detail: tuple[float, int] | None = None,
-    incarnation: int = 0,
-    inits_new_keys: bool = False,
-    progress: str | None = None,
-) -> Any:
-    """The task of one rank (its ``incarnation``-th replacement, 0: the first):
-    build its store, run ``fn``, wait for its pushes. With ``detail`` (the
-    notebook's subscribers' ``(detail_interval, detail_burst)``), the rank's
-    events go to the store's topic meanwhile; ``inits_new_keys``: rank 0 of a
-    run on the notebook's store (it initialises the keys the notebook has not)."""
-    _quiet_rank_failures()
-    kv = new_store(
-        spec,
-        servers,
-        rank,
-        num_workers,
-        owner=owner,
-        inits_new_keys=inits_new_keys,
-        incarnation=incarnation,
-    )
-    if progress is not None:  # the run's topic of the ranks' steps
-        kv._steps.hooks.append(step_reporter(rank, progress, kv._steps))
-    stop_stream = _stream_events(kv, *detail) if detail is not None else None
-    try:
-        result = fn(kv, *args, **kwargs)
-        kv.flush()
-    finally:
-        if stop_stream is not None:
-            # Events are best effort: the rank's own outcome (or error) is what counts.
-            with contextlib.suppress(Exception):
-                stop_stream()
-    return result
-
-
-_RANK_KEY = "labkv-rank-"  # the Dask key of every rank task starts with it
-
-
-class _RankFailureFilter(logging.Filter):
-    """Drops the worker's "Compute Failed" record of a rank task: ``run`` raises that
-    error in the caller, naming the rank; Dask's record would print it again, as an
-    escaped one-line traceback, under whichever notebook cell is running."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = str(record.msg)
-        return not (msg.startswith("Compute Failed") and _RANK_KEY in str(record.args))
-
-
-def _quiet_rank_failures() -> None:
-    """Install :class:`_RankFailureFilter` on this worker's logger, once."""
-    logger = logging.getLogger("distributed.worker")
-    if not any(isinstance(f, _RankFailureFilter) for f in logger.filters):
-        logger.addFilter(_RankFailureFilter())
-
-
-def _stream_events(kv: DistStore, detail_interval: float, detail_burst: int) -> Callable[[], None]:
-    """Send a rank's events to its store's topic, batched on the worker's loop
-    (as a server's are); returns the function that sends the rest and stops."""
-    from distributed import get_worker
-
-    worker = get_worker()
-    topic = topic_of(kv.store_id)
-
-    def send(batch: bytes) -> None:
-        worker.log_event(topic, batch)
-
-    stream = EventStream(kv.events, send, interval=_event_relay.RANK_FLUSH_S)
-    loop = worker_loop(worker)
-
-    async def start() -> None:
-        stream.start(detail_interval, detail_burst)
-
-    async def stop() -> None:
-        stream.stop()
-
-    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=_LOOP_CALL_S)
-    return lambda: asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=_LOOP_CALL_S)
 
 
 def run(
@@ -463,7 +369,7 @@ class Run:
         task, shared = self.task, self.store is not None
         again = f"-i{incarnation}" if incarnation else ""
         return self.client.submit(
-            _rank_main,
+            rank_main,
             task.fn,
             spec,
             # Replicated: no actor handles as arguments (a rank reaches its servers
@@ -478,7 +384,7 @@ class Run:
             incarnation,
             shared and rank == 0,
             self.topic,
-            key=f"{_RANK_KEY}{self.group}-{rank}{again}",
+            key=f"{RANK_KEY}{self.group}-{rank}{again}",
             workers=[worker],
             allow_other_workers=False,
             pure=False,
