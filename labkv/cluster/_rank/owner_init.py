@@ -14,7 +14,7 @@ from typing import Any
 from .._errors import ClusterError
 from .._protocol.messages import InitItem
 from .._rows.rank import init_pieces
-from . import split as messages
+from . import split
 from .calls import Calls
 
 Items = list[tuple[Any, Any]]
@@ -28,7 +28,7 @@ def send_init(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
     per_server: dict[int, list] = defaultdict(list)
     for key, array in items:
         rows = init_pieces(array, placed[key])  # a row-sparse value: each server's rows
-        parts = rows or messages.split(messages.host(array), placed[key])
+        parts = rows or split.split(split.host(array), placed[key])
         shape, dtype = tuple(array.shape), array.dtype.str
         for s, piece in parts:
             per_server[s].append(InitItem(key, piece, shape, dtype, ids[key], rows is not None))
@@ -76,7 +76,7 @@ def wait_for_owner(calls: Calls, items: Items, ids: dict, placed: dict) -> None:
             raise
         raise mismatch from None
     for meta in found:
-        messages.check_same_init(meta, items, ids)
+        split.check_same_init(meta, items, ids)
 
 
 def check_owner_ids(calls: Calls, keys: list, items: Items, ids: dict) -> None:
@@ -84,7 +84,7 @@ def check_owner_ids(calls: Calls, keys: list, items: Items, ids: dict) -> None:
     found: dict[Any, Any] = {}
     for metas in calls.all("keys", keys):
         found.update(metas)
-    messages.check_same_init(found, items, ids)  # the first key of items named
+    split.check_same_init(found, items, ids)  # the first key of items named
 
 
 def _mismatch(calls: Calls, keys: list, items: Items, ids: dict) -> ValueError | None:

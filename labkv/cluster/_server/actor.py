@@ -27,7 +27,7 @@ from .._protocol.entries import decode_entry
 from .._protocol.messages import InitItem, KeyMeta, Pull, Push, States, decode_pull, decode_push
 from .._tasks import TaskGroup
 from .._transport.base import Host
-from .control import Fences, Settings, first_time, go_on_without, taken
+from .control import Fences, ShardSettings, first_time, go_on_without, taken
 from .key_table import KeyTable, store_new_keys
 from .modes import new_mode
 from .replication.group import Group
@@ -75,7 +75,7 @@ class Server:
         self.barriers = Barriers(self.waiting)
         self.senders, self.peers = SenderOrder(self.waiting), Peers(sid, host, self.tasks)
         self.votes, self.kept, self.queues = SliceVotes(), KeptVotes(), UpdateQueues()
-        self.staging, self.settings = Staging(self.device), Settings(sid, self.shard)
+        self.staging, self.settings = Staging(self.device), ShardSettings(sid, self.shard)
         self.reports = Reports(sid, self.device_name, self.bus, self.shard, self.table, self.rounds)
         self.clocks = None if staleness is None else Clocks(staleness, num_workers)
         noted = (self.table, self.rounds, self.kept, self.clocks, self.barriers)

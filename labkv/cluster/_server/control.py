@@ -1,5 +1,5 @@
 """A server's settings: its updater or optimizer and the optimizer's states
-(:class:`Settings`), and the rules for who may set them.
+(:class:`ShardSettings`), and the rules for who may set them.
 
 Every rank ships its updater or optimizer, saying whether it owns the store
 (rank 0 of a run, or the notebook that shares its store with a run). On a
@@ -123,7 +123,7 @@ def _mismatch(rank: int, optimizer: Optimizer, current: Optimizer | None) -> str
     )
 
 
-class Settings:
+class ShardSettings:
     """The updater or optimizer of server ``sid``'s shard and the optimizer's
     states, as the ranks set them (by the rules of the module doc)."""
 
