@@ -337,11 +337,11 @@ class DistStore(KVStore):
         with calls.sending("push"):  # numbers taken are numbers sent, Ctrl-C or not
             msgs = []
             for s, batch in per_server.items():
-                header, local = (
-                    (calls.sender, self._rank, calls.next_seq(s)),
-                    links[s].local is not None,
+                header = (calls.sender, self._rank, calls.next_seq(s))
+                same_process = links[s].local is not None
+                msg = split.push_message(
+                    header, batch, meta, not wait, same_process, compression, step
                 )
-                msg = split.push_message(header, batch, meta, not wait, local, compression, step)
                 msgs.append((s, msg))
             sent = calls.send_pushes(msgs, wait, keep_copies)
         try:
