@@ -21,13 +21,11 @@ pytestmark = [
     pytest.mark.skipif(
         threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
     ),
+    pytest.mark.usefixtures("python_s_own_sigint_handler"),
 ]
 
 #: The stores' timeout: a run after an interrupt must not wait one out.
 TIMEOUT_S = 30
-
-
-pytestmark = pytest.mark.usefixtures("python_s_own_sigint_handler")
 
 
 def _count(key, merged, stored):
