@@ -84,7 +84,7 @@ class Calls:
         self.sent = [0] * len(links)  # pushes sent to each server
         self.inflight: list[tuple[int, Any]] = []
         loop = links[0].loop if links else None
-        self.holding = None if loop is None else Holding(self._send_push, loop)
+        self.holding = None if loop is None else Holding(self._send_push, loop, read=self._read)
         self.closed: str | None = None  # why no call may be made any more
         self.interrupted: list[tuple[int, Any]] = []  # calls whose wait was interrupted
 
@@ -118,6 +118,9 @@ class Calls:
 
     def _send_push(self, s: int, msg: Any) -> Any:
         return self.send(s, "push", msg)
+
+    def _read(self, s: int, call: Any, timeout: float | None) -> None:
+        self.links[s].read_replies(call, timeout)
 
     def wait(self, calls: list[tuple[int, Any]], what: str) -> list[Any]:
         """Results of in-flight calls ``(server, future)``, in order (a

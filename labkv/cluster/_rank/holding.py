@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 import time
 from collections.abc import Callable, Collection
 from typing import Any
 
 #: A held push goes out on its own after at most this long.
-HOLD_S = 0.001
+HOLD_S = 0.005
 
 
 def _done() -> concurrent.futures.Future:
@@ -60,18 +61,48 @@ def _settle(src: Any, dst: concurrent.futures.Future) -> None:
         dst.set_exception(exc)
 
 
+class _Held(concurrent.futures.Future):
+    """A held push's future. Once the push is sent, waiting for it first reads
+    the replies of its link (``read``, see ``ServerLink.read_replies``): on a
+    stream its waiter reads, nobody else would, and the send's reply settles
+    this future."""
+
+    read: Callable[[float | None], None] | None = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        return super().result(self._read(timeout))
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return super().exception(self._read(timeout))
+
+    def done(self) -> bool:
+        self._read(0.0)
+        return super().done()
+
+    def _read(self, timeout: float | None) -> float | None:
+        """Read until the send is answered, or ``timeout``; how long this
+        future itself is still to be waited for."""
+        if self.read is None or super().done():
+            return timeout
+        self.read(timeout)
+        return 0.0
+
+
 class Holding:
     """The held pushes of one rank (see module doc). ``send(server, msg)``
     sends a push and returns its future; ``loop`` runs the timer (None: no
-    timer, the pushes wait for the rank's next call); ``hold_s``: default ``HOLD_S``."""
+    timer, the pushes wait for the rank's next call); ``hold_s``: default
+    ``HOLD_S``; ``read(server, call, timeout)``: what waiting for a sent push
+    does first (reads its server's replies, see ``ServerLink.read_replies``)."""
 
     def __init__(
         self,
         send: Callable[[int, Any], Any],
         loop: asyncio.AbstractEventLoop | None,
         hold_s: float | None = None,
+        read: Callable[[int, Any, float | None], None] | None = None,
     ):
-        self._send, self._loop = send, loop
+        self._send, self._loop, self._read = send, loop, read
         self.hold_s = HOLD_S if hold_s is None else hold_s
         # (server, message, its future, when held): the rank's thread appends and
         # releases; the loop's timer releases too.
@@ -88,7 +119,7 @@ class Holding:
 
     def hold(self, server: int, msg: Any) -> concurrent.futures.Future:
         """Hold push ``msg`` for ``server``; its future settles when it has left."""
-        done: concurrent.futures.Future = concurrent.futures.Future()
+        done = _Held()
         with self._lock:
             now = time.monotonic()
             self._held.append((server, msg, done, now))
@@ -116,6 +147,8 @@ class Holding:
                 done.set_exception(exc)
                 continue
             call.add_done_callback(lambda call, done=done: _settle(call, done))
+            if self._read is not None:
+                done.read = functools.partial(self._read, server, call)
         return carried
 
     def _tick(self) -> None:

@@ -4,7 +4,7 @@ A rank reaches server ``s`` through a :class:`ServerLink`: ``link.call(method,
 *args)`` returns a :class:`Waitable`, and :func:`wait_all` waits for several
 calls under one deadline, turning a server known to be lost into
 :class:`~labkv.cluster._errors.ServerLost`. A caller uses a link's ``call``,
-``notify`` and ``lost``, and three attributes: ``loop``, ``local`` and
+``notify``, ``lost`` and ``read_replies``, and three attributes: ``loop``, ``local`` and
 ``failover`` (:class:`Failover`: what it does about replicas; a plain link's,
 :class:`SingleServer`, does nothing). A replicated link
 (:class:`~labkv.cluster._rank.failover.ReplicatedLink`) is one more
@@ -127,7 +127,8 @@ class SingleServer:
 class ServerLink:
     """How a rank reaches server ``sid`` on the Dask worker at ``address``.
 
-    A caller uses :meth:`call`, :meth:`notify` and :meth:`lost`; three
+    A caller uses :meth:`call`, :meth:`notify`, :meth:`lost` and
+    :meth:`read_replies`; three
     attributes say how the calls travel: :attr:`loop` (for timers),
     :attr:`local` (the server object, when arguments reach it by reference)
     and :attr:`failover` (its replicas: a plain link's do nothing)."""
@@ -156,6 +157,12 @@ class ServerLink:
     def lost(self) -> str | None:
         """Why the server is known to be lost (its worker gone), or None."""
         return None
+
+    def read_replies(self, call: Waitable, timeout: float | None) -> None:
+        """Read the link's replies until ``call`` (one of its own) is answered,
+        or ``timeout``: on a link whose caller reads them (a rank's own stream,
+        see ``StreamLink.own_stream``); nothing where a loop reads them. For a
+        future that settles from ``call``'s done-callback (a held push's)."""
 
     def _lost_error(self, exc: BaseException) -> ServerLost:
         """The error a call to a lost server raises."""

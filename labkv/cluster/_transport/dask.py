@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import weakref
 from typing import Any
 
 from .._errors import answered_by
@@ -164,7 +165,8 @@ class StreamLink(ServerLink):
     the stream is open on a socket any thread may write (``tcp://``, ``tls://``), else handed
     to the loop with ``call_soon_threadsafe`` and written there without a task;
     its reply settles the call's ``concurrent.futures.Future``, whose result is
-    read without another hand-off. ``actor``: the server's ``Actor``
+    read without another hand-off (on a stream of the link's own, see
+    :meth:`own_stream`, the waiting thread reads the reply itself). ``actor``: the server's ``Actor``
     handle, when the caller has one (its task's status tells a loss early);
     ``client``: the notebook's Dask client (a lost scheduler is named first)."""
 
@@ -181,18 +183,44 @@ class StreamLink(ServerLink):
         super().__init__(sid, address)
         self.actor_key, self.loop, self.connection_args = actor_key, loop, connection_args
         self.actor, self.client = actor, client
+        self.own: _stream.Stream | None = None
+
+    def own_stream(self) -> None:
+        """Calls go on a stream of this link's own from now on, which the loop
+        does not watch: the thread that waits for a reply reads it
+        (:class:`~.stream.Pumped`), so a reply costs no wake-up of the loop and
+        no hand-off to the waiting thread. A rank's plain links take one; a
+        replicated link's members do not (its near reads and failover expect
+        the loop to read the replies: a near read stalled on such a stream).
+        The stream closes with the link."""
+        self.own = _stream.Stream(self.address, self.connection_args, watched=False)
+        weakref.finalize(self, self.own.close)
 
     def call(self, method: str, *args: Any) -> Any:
         # A server known to be lost raises here, at once; the message is encoded
         # in the caller's thread, and sent from it too once the stream is open.
         self._raise_if_lost()
         future: concurrent.futures.Future = concurrent.futures.Future()
+        if self.own is not None:
+            _stream.send_own(
+                self.own, self.loop, self.actor_key, method, _encoded(method, args), future
+            )
+            return _stream.Pumped(future, self.own)
         where = (self.loop, self.connection_args, self.address, self.actor_key)
         _stream.send(*where, method, _encoded(method, args), future)
         return future
 
+    def read_replies(self, call: Any, timeout: float | None) -> None:
+        if self.own is not None:
+            call.read_until_answered(timeout)
+
     def notify(self, method: str, *args: Any) -> None:
         self._raise_if_lost()
+        if self.own is not None:
+            _stream.send_own(
+                self.own, self.loop, self.actor_key, method, _encoded(method, args), None
+            )
+            return
         where = (self.loop, self.connection_args, self.address, self.actor_key)
         _stream.send(*where, method, _encoded(method, args), None)
 
@@ -241,11 +269,18 @@ class SameProcessLink(StreamLink):
 
 
 def rank_link(
-    sid: int, address: str, actor_key: str, server_type: type, actor: Any = None
+    sid: int,
+    address: str,
+    actor_key: str,
+    server_type: type,
+    actor: Any = None,
+    own_stream: bool = False,
 ) -> ServerLink:
     """A rank's (a Dask task's) link to server ``sid``, the actor ``actor_key``
     at ``address`` (``actor``: its handle, if the rank has one): in-process to
-    a server on the rank's own worker. Outside a Dask task, or on the worker's
+    a server on the rank's own worker; to another worker on a stream of the
+    link's own with ``own_stream`` (:meth:`StreamLink.own_stream`), else on the
+    worker loop's shared one. Outside a Dask task, or on the worker's
     loop thread itself (where a blocking wait would deadlock), an actor's own link."""
     worker = task_worker()
     loop = None if worker is None else worker_loop(worker)
@@ -258,14 +293,17 @@ def rank_link(
     local = actor_on(worker, address, actor_key)
     if isinstance(local, server_type):
         return SameProcessLink(sid, address, actor_key, worker, local, actor)
-    return StreamLink(sid, address, actor_key, loop, worker.connection_args, actor)
+    link = StreamLink(sid, address, actor_key, loop, worker.connection_args, actor)
+    if own_stream:
+        link.own_stream()
+    return link
 
 
 def rank_links(addresses: list[str], actors: list[Any], server_type: type) -> list[ServerLink]:
     """The links of a rank to the servers ``actors`` (``Actor`` handles) at
     ``addresses`` (see :func:`rank_link`)."""
     return [
-        rank_link(s, address, actor.key, server_type, actor)
+        rank_link(s, address, actor.key, server_type, actor, own_stream=True)
         for s, (address, actor) in enumerate(zip(addresses, actors, strict=True))
     ]
 

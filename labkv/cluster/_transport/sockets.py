@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import pickle
+import select
 import socket
 import ssl
 import struct
@@ -105,7 +107,10 @@ class SocketFrames:
     Any thread may send: a message is written at once from the sending thread
     when the socket takes it (a rank's call needs no hand-off to the loop), and
     what it does not take is written by the loop's writer callback. ``lock``
-    keeps the writes whole and in order, and the socket open while one is made."""
+    keeps the writes whole and in order, and the socket open while one is made.
+    An unwatched wire (``start(..., watched=False)``) is read by whoever calls
+    :meth:`pump`, one thread at a time; the loop still writes what the socket
+    did not take, and closes the socket."""
 
     #: whether a thread other than the loop's may call :meth:`send`
     any_thread = True
@@ -210,12 +215,33 @@ class SocketFrames:
             self._end(error)
 
     # reading
-    def start(self, deliver: Deliver, closed: Closed, tasks: Any = None) -> None:
-        """Hand every message to ``deliver`` and the end to ``closed`` from now on."""
+    def start(
+        self, deliver: Deliver, closed: Closed, tasks: Any = None, watched: bool = True
+    ) -> None:
+        """Hand every message to ``deliver`` and the end to ``closed`` from now on:
+        read by the loop's reader (``watched``), else by whoever calls :meth:`pump`."""
         self.deliver, self.on_closed = deliver, closed
-        self.loop.add_reader(self.fd, self._readable)
+        if watched:
+            self.loop.add_reader(self.fd, self._readable)
+        else:
+            self.poller = select.poll()
+            self.poller.register(self.fd, select.POLLIN)
+            self.reading = threading.Lock()
+
+    def pump(self, timeout: float) -> None:
+        """Read what has arrived, waiting up to ``timeout`` seconds for it (an
+        unwatched wire, from the thread that waits for its replies)."""
+        if self.ended is not None or not self.reading.acquire(timeout=timeout):
+            return
+        try:
+            if self.ended is None and self.poller.poll(math.ceil(max(0.0, timeout) * 1000)):
+                self._readable()
+        finally:
+            self.reading.release()
 
     def _readable(self) -> None:
+        if self.ended is not None:
+            return
         try:
             got = self._read()
             # TLS: a read takes at most one record (16 KiB); read on until the
@@ -306,13 +332,20 @@ class SocketFrames:
             if self.ended is not None:
                 return
             self.ended = error
-            self.loop.remove_reader(self.fd)
-            self.loop.remove_writer(self.fd)
-            self.sock.close()
             self.outbox.clear()
             # the buffers now, not at the cyclic GC that frees this wire (the comm's
             # close callback and this object refer to each other)
             self.scratch, self.inbox, self.message, self.filling = None, bytearray(), None, None
-        self.comm.abort()
+        try:
+            self._call_on_loop(self._close)
+        except RuntimeError:  # the loop has closed (its worker stopped): nothing watches
+            self.sock.close()
         if self.on_closed is not None:
             self.on_closed(error)
+
+    def _close(self) -> None:
+        """The socket and the comm, on the loop (its selector is the loop's own)."""
+        self.loop.remove_reader(self.fd)
+        self.loop.remove_writer(self.fd)
+        self.sock.close()
+        self.comm.abort()

@@ -37,13 +37,22 @@ closes each that serves none within the second (seconds). So peers that send
 the hello and stay silent cannot pin the worker's fds and memory.
 A stream that breaks fails its calls in flight with ``OSError`` (the caller
 then asks whether the server is lost); the next call opens a new comm.
+
+A rank's plain link to a server on another worker has a stream of its own
+(:func:`send_own`), which the loop does not watch: the rank's thread writes its
+requests and, while it waits for a reply (:class:`Pumped`), reads the socket
+itself. A reply then wakes one thread, the rank's, where a shared stream wakes
+the loop, which settles a future that wakes the rank's thread (on 2 cores at 8
+ranks, about a tenth of a round's CPU; docs/performance.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -228,8 +237,10 @@ class Stream:
     """The open comm of this process (one event loop) to the worker at
     ``address``; every call of the loop to a server there goes through it."""
 
-    def __init__(self, address: str, connection_args: dict):
+    def __init__(self, address: str, connection_args: dict, watched: bool = True):
         self.address, self.connection_args = address, connection_args
+        self.watched = watched  # else read by the thread that waits (see Pumped)
+        self.pumped = False  # whether the open wire is read by the waiting thread
         self.comm: Any = None
         self.wire: Wire | None = None
         self.opening: asyncio.Lock | None = None
@@ -269,7 +280,7 @@ class Stream:
         if self.opening is None:
             self.opening = asyncio.Lock()
         async with self.opening:
-            if self.comm is None or self.comm.closed():
+            if self.comm is None or self.comm.closed() or _ended(self.wire):
                 from distributed.comm import connect
 
                 comm = await connect(
@@ -286,9 +297,19 @@ class Stream:
                     raise
                 wire = _framing.wire(comm, framing)
                 deliver, closed = _replies(self.pending, self.address)
-                wire.start(deliver, closed, self.readers)
+                self.pumped = not self.watched and hasattr(wire, "pump")
+                if self.pumped:
+                    wire.start(deliver, closed, self.readers, watched=False)
+                else:
+                    wire.start(deliver, closed, self.readers)
                 self.comm, self.wire = comm, wire
         return self.wire
+
+    def close(self) -> None:
+        """Close the comm (from any thread): its calls in flight fail."""
+        wire = self.wire
+        if wire is not None:
+            wire.abort()
 
     def request(self, actor_key: str, method: str, args: list) -> asyncio.Future:
         """:meth:`call` as a future, for a caller on the loop: the request is
@@ -323,7 +344,7 @@ class Stream:
         """:meth:`start` from the calling thread itself, when the stream is open
         on a wire any thread may write; whether it was (else nothing was done)."""
         wire = self.wire
-        if wire is None or not wire.any_thread or self.comm.closed():
+        if wire is None or not wire.any_thread or self.comm.closed() or _ended(wire):
             return False
         self._send_settling(wire, actor_key, method, args, future)
         return True
@@ -336,6 +357,11 @@ class Stream:
             self._send(wire, actor_key, method, args, future)
         except BaseException as exc:
             _fail(future, exc)
+
+
+def _ended(wire: Wire | None) -> bool:
+    """Whether ``wire`` has ended (its comm may close a moment later, on the loop)."""
+    return getattr(wire, "ended", None) is not None
 
 
 def _fail(future: Any, error: BaseException) -> None:
@@ -414,6 +440,102 @@ def send(
     stream = _STREAMS.get(loop, {}).get(address)
     if stream is None or not stream.send_here(actor_key, method, args, future):
         loop.call_soon_threadsafe(_start, connection_args, address, actor_key, method, args, future)
+
+
+#: Seconds a rank's own stream may take to open (connect and hello).
+OPEN_S = 30.0
+
+
+class Pumped:
+    """The future of a call on an unwatched stream (:func:`send_own`): waiting
+    for it reads the stream in the waiting thread (see :class:`~.base.Waitable`)."""
+
+    __slots__ = ("future", "stream")
+
+    def __init__(self, future: concurrent.futures.Future, stream: Stream):
+        self.future, self.stream = future, stream
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._pump(timeout)
+        return self.future.result(0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._pump(timeout)
+        return self.future.exception(0)
+
+    def done(self) -> bool:
+        if not self.future.done():
+            self._pump(0.0)
+        return self.future.done()
+
+    def add_done_callback(self, callback: Any) -> None:
+        self.future.add_done_callback(callback)
+
+    def read_until_answered(self, timeout: float | None) -> None:
+        """Read the stream until the call is answered, or ``timeout``."""
+        with contextlib.suppress(concurrent.futures.TimeoutError):
+            self._pump(timeout)
+
+    def _pump(self, timeout: float | None) -> None:
+        """Read the stream until the future is done, or ``timeout`` (then
+        ``TimeoutError``, as a future's ``result``)."""
+        future = self.future
+        if future.done():
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not future.done():
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise concurrent.futures.TimeoutError()
+            stream = self.stream
+            wire = stream.wire
+            if wire is None or not stream.pumped or wire.ended is not None:
+                # not open yet, or read (or ended) on the loop
+                concurrent.futures.wait([future], min(left, 0.05))
+            else:
+                wire.pump(min(left, 1.0))
+
+
+def send_own(
+    stream: Stream,
+    loop: asyncio.AbstractEventLoop,
+    actor_key: str,
+    method: str,
+    args: list,
+    future: concurrent.futures.Future | None,
+) -> None:
+    """``method(*args)`` on the server ``actor_key`` through ``stream``, a
+    caller's own unwatched stream on ``loop``: written from this thread when it
+    is open, else opened on the loop first (waited for up to :data:`OPEN_S`
+    from another thread, so that calls leave in order; handed over from the
+    loop's own). Its reply settles ``future`` when the caller waits for it."""
+    if stream.send_here(actor_key, method, args, future):
+        return
+    opening = _open_and_send(stream, actor_key, method, args, future)
+    try:
+        on_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_loop = False
+    if on_loop:
+        asyncio.ensure_future(opening)
+        return
+    started = asyncio.run_coroutine_threadsafe(opening, loop)
+    try:
+        started.result(OPEN_S)
+    except concurrent.futures.TimeoutError:
+        started.cancel()
+        _fail(future, OSError(f"no stream to {stream.address} opened within {OPEN_S:g} s"))
+
+
+async def _open_and_send(
+    stream: Stream, actor_key: str, method: str, args: list, future: Any
+) -> None:
+    try:
+        wire = await asyncio.wait_for(stream.open(), OPEN_S)
+    except Exception as exc:
+        _fail(future, exc if isinstance(exc, OSError) else OSError(repr(exc)))
+        return
+    stream._send_settling(wire, actor_key, method, args, future)
 
 
 def _start(connection_args: dict, address: str, *call: Any) -> None:
