@@ -81,6 +81,24 @@ def test_a_held_push_the_timer_sent_is_waited_for_on_the_ranks_own_stream(handle
     assert own[0] >= 1, results  # the rank with its own stream had timer-sent pushes
 
 
+def _unheld_pushes(kv):
+    """Pushes too big to be held and too small to be waited for: in flight on the
+    rank's own stream when the next push asks whether they are done."""
+    n = 1 << 16  # 256 KiB of float32: over the held size, under ACK_ABOVE
+    kv.init("w", np.zeros(n, np.float32))
+    out = np.empty(n, np.float32)
+    for _ in range(3):
+        kv.push("w", np.ones(n, np.float32))
+        kv.push("w", np.ones(n, np.float32))
+        kv.pull("w", out=out)
+    return out[:3]
+
+
+def test_a_push_in_flight_on_the_own_stream_is_asked_whether_it_is_done(handle):
+    for out in run(_unheld_pushes, num_workers=2, cluster=handle, num_servers=1, timeout=10):
+        np.testing.assert_array_equal(out, np.full(3, 2.0))  # the last round's 2 pushes
+
+
 def _break_own_stream_then_pull(kv):
     kv.init("w", np.zeros(2, np.float32))
     out = np.empty(2, np.float32)

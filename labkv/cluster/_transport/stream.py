@@ -466,7 +466,7 @@ class Pumped:
 
     def done(self) -> bool:
         if not self.future.done():
-            self._pump(0.0)
+            self.read_until_answered(0.0)  # what has arrived; never waits
         return self.future.done()
 
     def add_done_callback(self, callback: Any) -> None:
