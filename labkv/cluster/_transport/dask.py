@@ -190,8 +190,10 @@ class StreamLink(ServerLink):
         does not watch: the thread that waits for a reply reads it
         (:class:`~.stream.Pumped`), so a reply costs no wake-up of the loop and
         no hand-off to the waiting thread. A rank's plain links take one; a
-        replicated link's members do not (its near reads and failover expect
-        the loop to read the replies: a near read stalled on such a stream).
+        replicated link's members do not: while a near read waits for its
+        backup, the primary's answer to the pushes it carried must be seen at
+        once (a refusal is raised at once), and nobody would read the
+        primary's stream meanwhile.
         The stream closes with the link."""
         self.own = _stream.Stream(self.address, self.connection_args, watched=False)
         weakref.finalize(self, self.own.close)
