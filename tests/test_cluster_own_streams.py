@@ -91,12 +91,20 @@ def _unheld_pushes(kv):
         kv.push("w", np.ones(n, np.float32))
         kv.push("w", np.ones(n, np.float32))
         kv.pull("w", out=out)
-    return out[:3]
+    kv.push("w", np.ones(n, np.float32))  # its reply comes while nobody waits
+    (_, push), own = kv._calls.inflight[0], bool(_own_streams(kv))
+    deadline = time.monotonic() + 10
+    while not push.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return out[:3], own, push.done()
 
 
 def test_a_push_in_flight_on_the_own_stream_is_asked_whether_it_is_done(handle):
-    for out in run(_unheld_pushes, num_workers=2, cluster=handle, num_servers=1, timeout=10):
+    results = run(_unheld_pushes, num_workers=2, cluster=handle, num_servers=1, timeout=10)
+    for out, _, _ in results:
         np.testing.assert_array_equal(out, np.full(3, 2.0))  # the last round's 2 pushes
+    # done() reads the reply that arrived: it does not wait for a wait to read it
+    assert [done for _, own, done in results if own] == [True], results
 
 
 def _break_own_stream_then_pull(kv):

@@ -481,13 +481,9 @@ class Pumped:
         """Read the stream until the future is done, or ``timeout`` (then
         ``TimeoutError``, as a future's ``result``)."""
         future = self.future
-        if future.done():
-            return
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not future.done():
-            left = 3600.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise concurrent.futures.TimeoutError()
+        while not future.done():  # reads at least once, even with timeout 0
+            left = 3600.0 if deadline is None else max(0.0, deadline - time.monotonic())
             stream = self.stream
             wire = stream.wire
             if wire is None or not stream.pumped or wire.ended is not None:
@@ -495,6 +491,8 @@ class Pumped:
                 concurrent.futures.wait([future], min(left, 0.05))
             else:
                 wire.pump(min(left, 1.0))
+            if not future.done() and deadline is not None and time.monotonic() >= deadline:
+                raise concurrent.futures.TimeoutError()
 
 
 def send_own(
