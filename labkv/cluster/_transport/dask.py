@@ -32,6 +32,7 @@ from . import stream as _stream
 from .base import Host, ServerLink, _encoded
 from .scheduler import raise_if_scheduler_gone
 from .stream import dispatch as _dispatch
+from .stream import on_loop
 
 
 # -- Dask's internals, one helper each -----------------------------------------------------
@@ -91,15 +92,6 @@ def _task_lost(actor: Any) -> str | None:
     if future is not None and future.status not in ("finished", "pending"):
         return f"Worker holding Actor was lost ({future.status})"
     return None
-
-
-def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether this thread is running ``loop`` (where waiting for a call on it
-    would deadlock)."""
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:  # no loop runs in this thread
-        return False
 
 
 def on_client_loop(client: Any) -> bool:
@@ -203,14 +195,8 @@ class StreamLink(ServerLink):
         # in the caller's thread, and sent from it too once the stream is open.
         self._raise_if_lost()
         future: concurrent.futures.Future = concurrent.futures.Future()
-        if self.own is not None:
-            _stream.send_own(
-                self.own, self.loop, self.actor_key, method, _encoded(method, args), future
-            )
-            return _stream.Pumped(future, self.own)
-        where = (self.loop, self.connection_args, self.address, self.actor_key)
-        _stream.send(*where, method, _encoded(method, args), future)
-        return future
+        self._send(method, args, future)
+        return future if self.own is None else _stream.Pumped(future, self.own)
 
     def read_replies(self, call: Any, timeout: float | None) -> None:
         if self.own is not None:
@@ -218,13 +204,16 @@ class StreamLink(ServerLink):
 
     def notify(self, method: str, *args: Any) -> None:
         self._raise_if_lost()
+        self._send(method, args, None)
+
+    def _send(self, method: str, args: tuple, future: concurrent.futures.Future | None) -> None:
+        """The request on the link's own stream, or on the loop's shared one."""
+        encoded = _encoded(method, args)
         if self.own is not None:
-            _stream.send_own(
-                self.own, self.loop, self.actor_key, method, _encoded(method, args), None
-            )
-            return
-        where = (self.loop, self.connection_args, self.address, self.actor_key)
-        _stream.send(*where, method, _encoded(method, args), None)
+            _stream.send_own(self.own, self.loop, self.actor_key, method, encoded, future)
+        else:
+            where = (self.loop, self.connection_args, self.address, self.actor_key)
+            _stream.send(*where, method, encoded, future)
 
     def lost(self) -> str | None:
         return None if self.actor is None else _task_lost(self.actor)

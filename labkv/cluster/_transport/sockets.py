@@ -137,6 +137,9 @@ class SocketFrames:
         self.deliver: Deliver | None = None
         self.on_closed: Closed | None = None
         self.ended: BaseException | None = None
+        # an unwatched wire's (see pump): its poll of the socket, one reader at a time
+        self.poller: select.poll | None = None
+        self.reading = threading.Lock()
 
     # writing
     def send(self, seq: int, kind: int, value: Any) -> None:
@@ -226,7 +229,6 @@ class SocketFrames:
         else:
             self.poller = select.poll()
             self.poller.register(self.fd, select.POLLIN)
-            self.reading = threading.Lock()
 
     def pump(self, timeout: float) -> None:
         """Read what has arrived, waiting up to ``timeout`` seconds for it (an

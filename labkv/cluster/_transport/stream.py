@@ -365,6 +365,15 @@ def _ended(wire: Wire | None) -> bool:
     return getattr(wire, "ended", None) is not None
 
 
+def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread is running ``loop`` (where waiting for a call on it
+    would deadlock)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:  # no loop runs in this thread
+        return False
+
+
 def _fail(future: Any, error: BaseException) -> None:
     """Fail ``future`` unless it is already done (the comm's end may have failed
     it); a notice's (None) failure has nobody to tell."""
@@ -511,11 +520,7 @@ def send_own(
     if stream.send_here(actor_key, method, args, future):
         return
     opening = _open_and_send(stream, actor_key, method, args, future)
-    try:
-        on_loop = asyncio.get_running_loop() is loop
-    except RuntimeError:
-        on_loop = False
-    if on_loop:
+    if on_loop(loop):
         asyncio.ensure_future(opening)
         return
     started = asyncio.run_coroutine_threadsafe(opening, loop)
