@@ -1,5 +1,6 @@
-"""The embedded cluster's worker environment: glibc told to reuse big buffers,
-unless the user configured it otherwise."""
+"""The embedded cluster's workers: glibc told to reuse big buffers, and Dask's
+profiler and loop check waking them less often, unless the user configured
+either otherwise."""
 
 from __future__ import annotations
 
@@ -48,6 +49,30 @@ def test_a_configured_mmap_threshold_wins(clean_environ):
     # Dask's own trim setting is left as Dask configures it.
     trim = dask.config.get("distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_")
     assert got == {(str(1 << 20), str(trim))}
+
+
+def _sampling(dask_worker) -> tuple[float, float]:
+    """The worker's profiler and loop-check periods, ms, as its callbacks run them."""
+    callbacks = dask_worker.periodic_callbacks
+    return callbacks["profile"].callback_time, callbacks["tick"].callback_time
+
+
+def _worker_sampling() -> set[tuple[float, float]]:
+    with connect(n_workers=2, dashboard_address=None, set_as_default=False) as handle:
+        return set(handle.client.run(_sampling).values())
+
+
+def test_embedded_workers_sample_and_check_their_loop_less_often():
+    assert _worker_sampling() == {(100.0, 200.0)}
+
+
+def test_a_configured_profile_interval_wins_and_the_other_key_stays_quieter():
+    with dask.config.set({"distributed.worker.profile.interval": "10ms"}):
+        # 10 ms is Dask's default: taken for the user's own choice only when set
+        # otherwise, so this one is made quieter too; 30 ms is the user's.
+        assert _worker_sampling() == {(100.0, 200.0)}
+    with dask.config.set({"distributed.worker.profile.interval": "30ms"}):
+        assert _worker_sampling() == {(30.0, 200.0)}
 
 
 def test_the_embedded_dashboard_listens_on_loopback_only():

@@ -199,6 +199,18 @@ def _default_memory_limit(n_workers: int) -> int:
 # 128 MiB of free heap is kept: a server's working set is the same every step.
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 64 << 20, "MALLOC_TRIM_THRESHOLD_": 128 << 20}
 
+# Dask wakes every worker's loop 100 times a second to sample its task threads (a
+# rank's among them) for the dashboard's profile page, and 50 times to check that
+# the loop is not blocked. With a worker per rank on a laptop's few cores, those
+# wake-ups cost a tenth to a fifth of a dist_sync round at 8 ranks (performance.md,
+# "Dask's sampling"); the embedded workers sample 10 times a second and check
+# their loop 5 times, which still fills the profile page and still warns of a
+# loop blocked for seconds.
+_SAMPLING = {
+    "distributed.worker.profile.interval": "100ms",
+    "distributed.admin.tick.interval": "200ms",
+}
+
 
 class _EmbeddedCluster(LocalCluster):
     """The embedded ``LocalCluster``, whose nannies bring back every worker
@@ -248,6 +260,22 @@ def _worker_environ() -> dict[str, Any]:
     return environ
 
 
+def _sampling_config() -> dict[str, str]:
+    """:data:`_SAMPLING`, but for the keys the user configured (any value other
+    than Dask's default, a ``DASK_...`` variable included: theirs wins).
+
+    >>> with dask.config.set({"distributed.admin.tick.interval": "50ms"}):
+    ...     sorted(_sampling_config())
+    ['distributed.worker.profile.interval']
+    """
+    defaults = dask.config.merge(*dask.config.defaults)
+    return {
+        key: value
+        for key, value in _SAMPLING.items()
+        if dask.config.get(key) == dask.config.get(key, config=defaults)
+    }
+
+
 def connect(
     address: str | None = None,
     n_workers: int | None = None,
@@ -270,7 +298,10 @@ def connect(
     dashboard on a free port of 127.0.0.1 (pass ``dashboard_address`` to choose), Dask's logs shown from level ERROR (``silence_logs``), and
     glibc told to reuse big buffers (see
     ``_MALLOC_ENV``; configure ``distributed.nanny.pre-spawn-environ`` to
-    override); a worker process that dies is restarted by its nanny, however
+    override), Dask's profiler sampling every 100 ms and its loop check every 200 ms
+    instead of 10 and 20 (see ``_SAMPLING``; configure
+    ``distributed.worker.profile.interval`` and ``distributed.admin.tick.interval``
+    to override); a worker process that dies is restarted by its nanny, however
     long the restart takes (Dask's ``LocalCluster`` gives up on a nanny whose
     worker has not come back within ``distributed.deploy.lost-worker-timeout``;
     see :class:`_EmbeddedCluster`); ``kw`` go to ``LocalCluster``. Attached: ``kw`` go to ``Client``. ``set_as_default=False`` keeps the client from becoming
@@ -336,7 +367,9 @@ def connect(
         register_pages()
         with (
             announced(f"starting a local Dask cluster of {_workers(options['n_workers'])}"),
-            dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}),
+            dask.config.set(
+                {"distributed.nanny.pre-spawn-environ": _worker_environ(), **_sampling_config()}
+            ),
         ):
             cluster = _EmbeddedCluster(**options)
         target: Any = cluster
