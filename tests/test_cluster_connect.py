@@ -33,9 +33,14 @@ def clean_environ():
     os.environ.update(saved)
 
 
+def _on_embedded_workers(fn, n_workers: int = 1) -> set:
+    """The distinct results of ``fn`` run on every worker of a fresh embedded cluster."""
+    with connect(n_workers=n_workers, dashboard_address=None, set_as_default=False) as handle:
+        return set(handle.client.run(fn).values())
+
+
 def _worker_malloc_env() -> set[tuple[str | None, str | None]]:
-    with connect(n_workers=1, dashboard_address=None, set_as_default=False) as handle:
-        return set(handle.client.run(_malloc_env).values())
+    return _on_embedded_workers(_malloc_env)
 
 
 def test_embedded_workers_keep_big_buffers_for_reuse(clean_environ):
@@ -58,8 +63,7 @@ def _sampling(dask_worker) -> tuple[float, float]:
 
 
 def _worker_sampling() -> set[tuple[float, float]]:
-    with connect(n_workers=2, dashboard_address=None, set_as_default=False) as handle:
-        return set(handle.client.run(_sampling).values())
+    return _on_embedded_workers(_sampling, n_workers=2)
 
 
 def test_embedded_workers_sample_and_check_their_loop_less_often():
